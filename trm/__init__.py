@@ -1,0 +1,1 @@
+"""TRM scaling study."""

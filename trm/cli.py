@@ -1,0 +1,66 @@
+"""The `trm` command: one program, one subcommand per stage.
+
+Each subcommand lives in its own module, which defines `add_arguments(parser)` and `main(args) -> int`.
+Modules are imported only when their subcommand runs, so `trm --help` stays fast (no JAX import).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from trm.errors import UserError
+
+# name -> (module, one-line help). The module's docstring is the subcommand's long description.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "build-dataset": ("trm.data.build", "Build the augmented Sudoku dataset (train/test .npy files)."),
+    "dataset-info": ("trm.data.info", "Print counts, shapes, dtypes and the content hash of a dataset."),
+    "stage": ("trm.data.stage", "Copy a dataset to storage (gs:// or file://) with a checksum manifest."),
+    "verify": ("trm.data.verify", "Check a staged dataset against its manifest."),
+}
+
+
+def _build_parser(selected: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trm",
+        description="Tiny Recursive Model scaling study: data, training and evaluation.",
+        epilog="Run 'trm COMMAND --help' for the options of one command.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in COMMANDS.items():
+        if name == selected:
+            module = importlib.import_module(module_name)
+            p = sub.add_parser(
+                name,
+                help=help_text,
+                description=(module.__doc__ or help_text).strip(),
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+            )
+            module.add_arguments(p)
+            p.set_defaults(_main=module.main)
+        else:
+            sub.add_parser(name, help=help_text)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    selected = next((a for a in argv if not a.startswith("-")), None)
+    parser = _build_parser(selected if selected in COMMANDS else None)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args._main(args) or 0)
+    except UserError as err:
+        print(f"trm {args.command}: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print(f"trm {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
