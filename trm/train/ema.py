@@ -1,0 +1,28 @@
+"""Exponential moving average of the dense parameters (spec §8.4).
+
+The shadow starts as a copy of the initial params and after every optimizer step becomes
+rate*shadow + (1-rate)*param. Only the dense params are averaged: the puzzle-embedding table (and the frozen
+H/L init buffers) are not, and evaluation takes them from the live model. With `optim.ema: false` the
+trainer keeps `ema = None` and evaluation uses the raw params; `eval_params` makes that choice in one place.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+def ema_init(params: optax.Params) -> optax.Params:
+    """Shadow copy of the initial params (a fresh array per leaf, same dtype)."""
+    return jax.tree.map(jnp.array, params)
+
+
+def ema_update(ema: optax.Params, params: optax.Params, rate: float | jnp.ndarray) -> optax.Params:
+    """One EMA step: rate*ema + (1-rate)*params, leaf by leaf, in the shadow's dtype; jit-friendly."""
+    return jax.tree.map(lambda e, p: (rate * e + (1.0 - rate) * p).astype(e.dtype), ema, params)
+
+
+def eval_params(params: optax.Params, ema: optax.Params | None) -> optax.Params:
+    """Dense params to evaluate and checkpoint as "the model": the EMA shadow when EMA is on, else the raw."""
+    return params if ema is None else ema
