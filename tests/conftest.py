@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["gcs_emulator"]  # GCS emulator fixtures (tests/gcs_emulator.py)
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Real hard puzzles live beside the checkout (../shared/data/sudoku); they are not part of the project.
 SUDOKU_DATA = REPO_ROOT.parent / "shared" / "data" / "sudoku"
