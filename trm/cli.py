@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "dataset-info": ("trm.data.info", "Print counts, shapes, dtypes and the content hash of a dataset."),
     "stage": ("trm.data.stage", "Copy a dataset to storage (gs:// or file://) with a checksum manifest."),
     "verify": ("trm.data.verify", "Check a staged dataset against its manifest."),
+    "model-info": ("trm.model.info", "Print the parameter count and FLOPs of a model configuration."),
 }
 
 

@@ -1,0 +1,151 @@
+"""Adaptive computation time as a stream (deep supervision, spec trm.md §6).
+
+Training: every optimizer step runs ONE supervision step for every row of the batch. A row whose puzzle
+has halted is reset (latents <- H_init/L_init, steps <- 0) and takes its puzzle from the incoming batch; a
+running row keeps its latents, step count and puzzle, and its slice of the incoming batch is discarded.
+A row halts at halt_max_steps, or earlier when its Q-halt logit is positive, except that with probability
+`exploration_prob` it is made to run at least UniformInt[2, halt_max_steps] steps.
+
+Evaluation: no Q halting; every row runs exactly `max_steps` steps (default halt_max_steps, may be larger
+for test-time scaling). All functions are jit-friendly with static shapes and no host round trips.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from trm.model.trm import TRM
+
+
+class Carry(NamedTuple):
+    """State carried between supervision steps (a pytree). Latents [B, S, D] are in the forward dtype."""
+
+    z_H: jax.Array
+    z_L: jax.Array
+    steps: jax.Array  # int32 [B]: supervision steps taken on the current puzzle
+    halted: jax.Array  # bool [B]: the row takes a new puzzle at the next step
+    inputs: jax.Array  # int32 [B, seq_len]
+    labels: jax.Array  # int32 [B, seq_len], -100 = ignored
+    puzzle_identifiers: jax.Array  # int32 [B]
+
+
+class StepOutputs(NamedTuple):
+    """What one supervision step produces for the loss (gradients flow through these)."""
+
+    logits: jax.Array  # [B, seq_len, vocab], forward dtype
+    q_halt_logits: jax.Array  # float32 [B]
+    q_continue_logits: jax.Array  # float32 [B]; reported only (no Q-continue loss in TRM)
+
+
+def initial_carry(model: TRM, batch_size: int) -> Carry:
+    """An empty carry with every row halted, so the first step loads the whole incoming batch."""
+    cfg = model.cfg
+    latent = jnp.zeros((batch_size, cfg.total_len, cfg.hidden_size), cfg.dtype)
+    return Carry(
+        z_H=latent,
+        z_L=latent,
+        steps=jnp.zeros((batch_size,), jnp.int32),
+        halted=jnp.ones((batch_size,), bool),
+        inputs=jnp.zeros((batch_size, cfg.seq_len), jnp.int32),
+        labels=jnp.full((batch_size, cfg.seq_len), -100, jnp.int32),
+        puzzle_identifiers=jnp.zeros((batch_size,), jnp.int32),
+    )
+
+
+def _rows(mask: jax.Array, new: jax.Array, old: jax.Array) -> jax.Array:
+    """Per-row select: new where mask [B] is set, else old."""
+    return jnp.where(mask.reshape(mask.shape + (1,) * (new.ndim - 1)), new, old)
+
+
+def act_step(
+    model: TRM,
+    carry: Carry,
+    batch: dict[str, jax.Array],
+    *,
+    training: bool,
+    rng: jax.Array | None = None,
+    exploration_prob: jax.Array | float | None = None,
+    max_steps: int | None = None,
+    H_cycles: int | None = None,
+    L_cycles: int | None = None,
+) -> tuple[Carry, StepOutputs]:
+    """One supervision step for every row: reset and refill halted rows, recurse, decide halting.
+
+    batch: {"inputs" [B, seq_len], "labels" [B, seq_len], "puzzle_identifiers" [B]} (int32).
+    training: static. In training, `rng` is required for exploration; `exploration_prob` may be a traced
+    scalar (annealing does not recompile), default the config's halt_exploration_prob.
+    max_steps: static; default halt_max_steps. In evaluation it is the fixed number of steps.
+    H_cycles, L_cycles: static depth overrides (curriculum).
+    Returns the new, detached carry and the outputs. The loss reads labels/halted/steps from the new carry.
+    """
+    cfg = model.cfg
+    max_steps = cfg.halt_max_steps if max_steps is None else max_steps
+    reset = carry.halted
+    z_H = _rows(reset, model.H_init[...].astype(cfg.dtype)[None, None, :], carry.z_H)
+    z_L = _rows(reset, model.L_init[...].astype(cfg.dtype)[None, None, :], carry.z_L)
+    steps = jnp.where(reset, 0, carry.steps)
+    inputs = _rows(reset, batch["inputs"].astype(jnp.int32), carry.inputs)
+    labels = _rows(reset, batch["labels"].astype(jnp.int32), carry.labels)
+    puzzle_identifiers = _rows(reset, batch["puzzle_identifiers"].astype(jnp.int32), carry.puzzle_identifiers)
+
+    z_H, z_L, logits, q_logits = model(
+        z_H, z_L, inputs, puzzle_identifiers, H_cycles=H_cycles, L_cycles=L_cycles
+    )
+    q_halt, q_continue = q_logits[:, 0], q_logits[:, 1]
+
+    steps = steps + 1
+    halted = steps >= max_steps
+    if training and max_steps > 1:
+        if rng is None:
+            raise ValueError("act_step(training=True) needs an rng for halting exploration")
+        p = cfg.halt_exploration_prob if exploration_prob is None else exploration_prob
+        halted = halted | (jax.lax.stop_gradient(q_halt) > 0)
+        explore_key, min_halt_key = jax.random.split(rng)
+        explore = jax.random.uniform(explore_key, steps.shape) < p
+        min_halt = jax.random.randint(min_halt_key, steps.shape, 2, max_steps + 1)
+        halted = halted & (steps >= jnp.where(explore, min_halt, 0))
+
+    new_carry = Carry(
+        z_H=jax.lax.stop_gradient(z_H),
+        z_L=jax.lax.stop_gradient(z_L),
+        steps=steps,
+        halted=halted,
+        inputs=inputs,
+        labels=labels,
+        puzzle_identifiers=puzzle_identifiers,
+    )
+    return new_carry, StepOutputs(logits, q_halt, q_continue)
+
+
+def evaluate_batch(
+    model: TRM,
+    batch: dict[str, jax.Array],
+    *,
+    num_steps: int | None = None,
+    H_cycles: int | None = None,
+    L_cycles: int | None = None,
+) -> tuple[Carry, StepOutputs]:
+    """Run a fresh carry for exactly `num_steps` (static, default halt_max_steps) evaluation steps.
+
+    Returns the final carry (every row halted, steps = num_steps) and the final step's outputs, from which
+    evaluation metrics are taken. The steps run in a lax.fori_loop, so the model compiles once.
+    """
+    cfg = model.cfg
+    num_steps = cfg.halt_max_steps if num_steps is None else num_steps
+    batch_size = batch["inputs"].shape[0]
+
+    def step(_, state):
+        carry, _ = state
+        return act_step(
+            model, carry, batch, training=False, max_steps=num_steps, H_cycles=H_cycles, L_cycles=L_cycles
+        )
+
+    empty = StepOutputs(
+        logits=jnp.zeros((batch_size, cfg.seq_len, cfg.vocab_size), cfg.dtype),
+        q_halt_logits=jnp.zeros((batch_size,), jnp.float32),
+        q_continue_logits=jnp.zeros((batch_size,), jnp.float32),
+    )
+    return jax.lax.fori_loop(0, num_steps, step, (initial_carry(model, batch_size), empty))

@@ -1,0 +1,126 @@
+"""Building blocks of the TRM network: linear, RMSNorm, RoPE, SwiGLU, attention and the post-norm block.
+
+Master weights are float32 and are cast to the activation dtype at use; RMSNorm, RoPE and the attention
+softmax compute in float32. Kernels are stored [in_features, out_features] (the transpose of PyTorch's).
+Module and attribute names follow the original's state_dict (see spec trm.md Appendix A).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from trm.model.config import ModelConfig
+
+# The std of a standard normal truncated to [-2, 2]; dividing by it makes the truncated sample's std exact.
+TRUNC_NORMAL_STD = 0.87962566103423978
+
+
+def trunc_normal(key: jax.Array, shape: tuple[int, ...], std: float) -> jax.Array:
+    """JAX-style corrected truncated normal: float32 values in [-2, 2]*std/0.8796 with actual std `std`."""
+    return jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32) * (std / TRUNC_NORMAL_STD)
+
+
+def swiglu_width(width: int, expansion: float) -> int:
+    """Inner width of a SwiGLU: round(expansion * width * 2/3) rounded up to a multiple of 256."""
+    inner = round(expansion * width * 2 / 3)
+    return -(-inner // 256) * 256
+
+
+def rms_norm(x: jax.Array, eps: float, axis: int = -1) -> jax.Array:
+    """Parameter-free RMSNorm over `axis`, computed in float32 and cast back (eps inside the rsqrt)."""
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=axis, keepdims=True) + eps)
+    return x32.astype(x.dtype)
+
+
+def rope_tables(length: int, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos, sin tables [length, head_dim] in float32, half-split layout (the angles repeated twice)."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    angles = jnp.outer(jnp.arange(length, dtype=jnp.float32), inv_freq)
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate x [B, S, heads, head_dim] by position: x*cos + rot(x)*sin with rot(a, b) = (-b, a), in float32."""
+    x32 = x.astype(jnp.float32)
+    a, b = jnp.split(x32, 2, axis=-1)
+    rotated = jnp.concatenate([-b, a], axis=-1)
+    return (x32 * cos[:, None, :] + rotated * sin[:, None, :]).astype(x.dtype)
+
+
+class Linear(nnx.Module):
+    """y = x @ W (+ b); LeCun truncated-normal init (std 1/sqrt(in_features)); weights cast to x's dtype."""
+
+    def __init__(self, in_features: int, out_features: int, *, rngs: nnx.Rngs, bias: bool = False):
+        std = 1.0 / math.sqrt(in_features)
+        self.weight = nnx.Param(trunc_normal(rngs.params(), (in_features, out_features), std))
+        self.bias = nnx.Param(jnp.zeros((out_features,), jnp.float32)) if bias else None
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = x @ self.weight[...].astype(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias[...].astype(x.dtype)
+        return y
+
+
+class SwiGLU(nnx.Module):
+    """down(silu(gate) * up) over the last axis, with a fused gate|up projection (gate first), no biases."""
+
+    def __init__(self, width: int, expansion: float, *, rngs: nnx.Rngs):
+        inner = swiglu_width(width, expansion)
+        self.gate_up_proj = Linear(width, 2 * inner, rngs=rngs)
+        self.down_proj = Linear(inner, width, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        gate, up = jnp.split(self.gate_up_proj(x), 2, axis=-1)
+        return self.down_proj(jax.nn.silu(gate) * up)
+
+
+class Attention(nnx.Module):
+    """Non-causal multi-head self-attention with a fused [Q|K|V] projection (head-major) and optional RoPE."""
+
+    def __init__(self, hidden_size: int, num_heads: int, *, rngs: nnx.Rngs):
+        self.num_heads = num_heads
+        self.qkv_proj = Linear(hidden_size, 3 * hidden_size, rngs=rngs)
+        self.o_proj = Linear(hidden_size, hidden_size, rngs=rngs)
+
+    def __call__(self, h: jax.Array, rope: tuple[jax.Array, jax.Array] | None) -> jax.Array:
+        batch, length, width = h.shape
+        head_dim = width // self.num_heads
+        qkv = self.qkv_proj(h).reshape(batch, length, 3, self.num_heads, head_dim)
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+        probs = jax.nn.softmax(scores / math.sqrt(head_dim), axis=-1).astype(v.dtype)
+        out = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(batch, length, width)
+        return self.o_proj(out)
+
+
+class Block(nnx.Module):
+    """Post-norm block: h = rms(h + mix(h)); h = rms(h + SwiGLU(h)).
+
+    The token mixer is attention, or with `mlp_t` a SwiGLU across the sequence axis (width = total length)
+    whose residual is normalised over the SEQUENCE axis, as in the original MLP-T.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.eps = cfg.rms_norm_eps
+        if cfg.mlp_t:
+            self.mlp_t = SwiGLU(cfg.total_len, cfg.expansion, rngs=rngs)
+        else:
+            self.self_attn = Attention(cfg.hidden_size, cfg.num_heads, rngs=rngs)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.expansion, rngs=rngs)
+
+    def __call__(self, h: jax.Array, rope: tuple[jax.Array, jax.Array] | None) -> jax.Array:
+        if hasattr(self, "mlp_t"):
+            mixed = self.mlp_t(h.swapaxes(1, 2)).swapaxes(1, 2)  # mix along the sequence, per channel
+            h = rms_norm(h + mixed, self.eps, axis=1)
+        else:
+            h = rms_norm(h + self.self_attn(h, rope), self.eps)
+        return rms_norm(h + self.mlp(h), self.eps)
