@@ -1,0 +1,414 @@
+"""The configuration system: schema, merging, validation messages, hashing, the 67 experiment files, the groups."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trm.config import (
+    BASE_CONFIG,
+    CONFIG_DIR,
+    SCHEMA_PATH,
+    config_hash,
+    dump_config,
+    experiment_ids,
+    experiment_path,
+    load_config,
+    load_groups,
+    parse_set,
+    reference_markdown,
+    schema,
+    validate_config,
+)
+from trm.config.groups import config_keys
+from trm.errors import UserError
+
+# The ten (train_puzzles, num_aug) datasets of the study (experiments.md, "Datasets needed").
+DATASETS = {
+    (1000, 1000),
+    (100, 1000),
+    (250, 1000),
+    (500, 1000),
+    (2000, 1000),
+    (5000, 1000),
+    (1000, 10),
+    (1000, 100),
+    (1000, 500),
+    (1000, 2000),
+}
+
+
+def write(tmp_path: Path, text: str, name: str = "exp.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def get(config: dict, dotted: str):
+    for key in dotted.split("."):
+        config = config[key]
+    return config
+
+
+def differing_keys(a: dict, b: dict) -> set[str]:
+    return {key for key in config_keys() if get(a, key) != get(b, key)}
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        out[key] = deep_merge(out[key], value) if isinstance(value, dict) else value
+    return out
+
+
+@pytest.fixture(scope="module")
+def base() -> dict:
+    return load_config()
+
+
+@pytest.fixture(scope="module")
+def resolved() -> dict[str, dict]:
+    return {exp_id: load_config(experiment_path(exp_id)) for exp_id in experiment_ids()}
+
+
+# ----------------------------------------------------------------------------------------- baseline and schema
+
+
+def test_base_is_complete_and_equals_schema_defaults(base):
+    assert validate_config(yaml.safe_load(BASE_CONFIG.read_text()), "base") == base
+    defaults = {
+        key: get(schema(), "properties." + key.replace(".", ".properties.") + ".default")
+        for key in config_keys()
+    }
+    assert {key: get(base, key) for key in config_keys()} == defaults
+    assert base["arch"]["expansion"] == 4.0 and isinstance(base["arch"]["expansion"], float)
+
+
+def test_snakemake_validate_accepts_base_and_rejects_unknown_key(base):
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    assert schema()["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    validate(copy.deepcopy(base), str(SCHEMA_PATH))
+    bad = copy.deepcopy(base)
+    bad["arch"]["hiden_size"] = 3
+    with pytest.raises(WorkflowError):
+        validate(bad, str(SCHEMA_PATH))
+
+
+# ------------------------------------------------------------------------------------------ experiment files
+
+
+def test_all_67_experiments_validate_and_plain_yaml_reads_them_alike(resolved):
+    assert len(resolved) == 67
+    plain_base = yaml.safe_load(BASE_CONFIG.read_text())
+    for exp_id, config in resolved.items():
+        # Snakemake and other readers use plain PyYAML (YAML 1.1): they must see the same numbers, not strings.
+        plain = yaml.safe_load(experiment_path(exp_id).read_text())
+        assert isinstance(plain, dict), exp_id
+        assert validate_config(deep_merge(plain_base, plain)) == config, exp_id
+
+
+def test_every_experiment_file_names_its_group_in_a_comment():
+    for exp_id in experiment_ids():
+        first = experiment_path(exp_id).read_text().splitlines()[0]
+        assert first.startswith(f"# {exp_id.split('_')[0].rstrip('abcdef')}"), (exp_id, first)
+
+
+def test_exp06_scales_lr_with_sqrt_batch_and_micro_batches_stay_small(resolved, base):
+    for s in "abcdef":
+        config = resolved[f"exp06_{s}"]
+        batch = config["train"]["global_batch_size"]
+        expected_lr = base["optim"]["lr"] * math.sqrt(batch / base["train"]["global_batch_size"])
+        assert config["optim"]["lr"] == pytest.approx(expected_lr, rel=1e-7)
+        assert config["optim"]["puzzle_emb_lr"] == config["optim"]["lr"]
+        assert batch // config["train"]["micro_batches"] <= 12288
+    assert [resolved[f"exp06_{s}"]["train"]["global_batch_size"] for s in "ef"] == [24576, 49152]
+
+
+def test_exp09_trains_five_different_optimizer_settings(resolved):
+    settings = [
+        (c["optim"]["optimizer"], c["optim"]["beta1"], c["optim"]["beta2"])
+        for c in (resolved[f"exp09{s}"] for s in "abcde")
+    ]
+    assert settings == [
+        ("adam_atan2", 0.9, 0.95),
+        ("adamw", 0.9, 0.95),
+        ("adamw", 0.9, 0.99),
+        ("adamw", 0.9, 0.999),
+        ("lion", 0.9, 0.99),
+    ]
+
+
+# ------------------------------------------------------------------------------------------------------ groups
+
+
+def test_groups_cover_every_experiment_once_with_ten_datasets(resolved):
+    groups = load_groups()
+    members = [m for g in groups for m in g["members"]]
+    assert len(groups) == 14
+    assert len(members) == len(set(members)) == 67
+    assert set(members) == set(resolved)
+    datasets = {(c["data"]["train_puzzles"], c["data"]["num_aug"]) for c in resolved.values()}
+    assert datasets == DATASETS
+
+
+def test_members_differ_from_their_baseline_only_in_the_varied_keys(resolved, base):
+    for group in load_groups():
+        baseline = resolved[group["baseline"]]
+        assert config_hash(baseline) == config_hash(base), group["id"]
+        hashes = {config_hash(resolved[m]) for m in group["members"]}
+        assert len(hashes) == len(group["members"]), f"{group['id']}: two members resolve to the same config"
+        for member in group["members"]:
+            assert differing_keys(resolved[member], baseline) <= set(group["varies"]), member
+
+
+def test_load_groups_rejects_a_member_in_two_groups(tmp_path):
+    text = (CONFIG_DIR / "groups.yaml").read_text()
+    doubled = text.replace(
+        "members: [exp07a, exp07b, exp07c]", "members: [exp07a, exp07b, exp07c, exp07d]", 1
+    )
+    doubled = doubled.replace("members: [exp08a,", "members: [exp07a, exp08a,", 1)
+    with pytest.raises(UserError) as err:
+        load_groups(write(tmp_path, doubled, "groups.yaml"))
+    message = str(err.value)
+    assert "'exp07a' already belongs to group 'exp07'" in message
+    assert "'exp07d' has no file exp07d.yaml" in message
+    assert "does not start with the group id" in message
+
+
+# ----------------------------------------------------------------------------------------------- bad input
+
+
+def test_unknown_key_names_file_dotted_key_and_allowed_keys(tmp_path):
+    path = write(tmp_path, "arch:\n  hiden_size: 256\n")
+    with pytest.raises(UserError) as err:
+        load_config(path)
+    message = str(err.value)
+    assert str(path) in message
+    assert "unknown key 'arch.hiden_size'" in message
+    assert "did you mean 'arch.hidden_size'?" in message
+    assert "allowed keys in 'arch': hidden_size, num_heads" in message
+
+
+def test_unknown_nested_and_top_level_keys_are_all_reported(tmp_path):
+    path = write(tmp_path, "schedules:\n  curriculum:\n    enable: true\nmodel: {}\n")
+    with pytest.raises(UserError) as err:
+        load_config(path)
+    message = str(err.value)
+    assert "2 problems" in message
+    assert "'schedules.curriculum.enable' (did you mean 'schedules.curriculum.enabled'?)" in message
+    assert "unknown key 'model'" in message and "allowed keys at the top level: data, arch, optim" in message
+
+
+@pytest.mark.parametrize(
+    "text, key, expected, got",
+    [
+        ("arch:\n  hidden_size: big\n", "arch.hidden_size", "an integer >= 1", "'big' (string)"),
+        ("arch:\n  hidden_size: 512.0\n", "arch.hidden_size", "an integer >= 1", "512.0 (number)"),
+        ("optim:\n  ema: 'yes'\n", "optim.ema", "true or false", "'yes' (string)"),
+        ("train: 5\n", "train", "a mapping with keys global_batch_size", "5 (integer)"),
+        ("train:\n  eval_subset: 0\n", "train.eval_subset", "an integer >= 1 or null", "0 (integer)"),
+    ],
+)
+def test_wrong_type_names_key_expected_type_and_value(tmp_path, text, key, expected, got):
+    path = write(tmp_path, text)
+    with pytest.raises(UserError) as err:
+        load_config(path)
+    assert str(err.value).startswith(f"{path}: {key}: expected {expected}")
+    assert str(err.value).endswith(f"got {got}")
+
+
+@pytest.mark.parametrize(
+    "text, fragments",
+    [
+        ("optim:\n  lr: 0\n", ["optim.lr: expected a number > 0, got 0"]),
+        ("optim:\n  lr: -1e-4\n", ["optim.lr: expected a number > 0, got -0.0001"]),
+        (
+            "optim:\n  optimizer: sgd\n",
+            ["optim.optimizer: expected one of adam_atan2, adamw, lion, got 'sgd'"],
+        ),
+        ("arch:\n  forward_dtype: fp8\n", ["expected one of float32, bfloat16, float16"]),
+        ("arch:\n  L_cycles: 0\n", ["arch.L_cycles: expected an integer >= 1, got 0"]),
+        ("optim:\n  beta2: 1.0\n", ["optim.beta2: expected a number >= 0 and < 1, got 1.0"]),
+        (
+            "arch:\n  hidden_size: 500\n",
+            ["arch.hidden_size = 500 (from {file})", "divisible by arch.num_heads = 8"],
+        ),
+        (
+            "train:\n  global_batch_size: 6000\n  micro_batches: 7\n",
+            ["train.global_batch_size = 6000 (from {file}) must be divisible by train.micro_batches = 7"],
+        ),
+        (
+            "train:\n  eval_interval: 3000\n",
+            ["train.eval_interval = 3000 (from {file}) must divide train.epochs"],
+        ),
+        (
+            "arch:\n  H_cycles: 2\nschedules:\n  curriculum:\n    enabled: true\n    start_H_cycles: 3\n",
+            [
+                "schedules.curriculum.start_H_cycles = 3 (from {file}) must be <= arch.H_cycles = 2 (from {file})"
+            ],
+        ),
+        (
+            "train:\n  epochs: 5000\nschedules:\n  curriculum: {enabled: true}\n",
+            [
+                "schedules.curriculum.epochs = 10000 (from {base}) must be <= train.epochs = 5000 (from {file})"
+            ],
+        ),
+        (
+            "arch:\n  puzzle_emb_len: 0\n",
+            ["the puzzle embedding (512 values) must fit in arch.puzzle_emb_len = 0"],
+        ),
+    ],
+)
+def test_impossible_values_are_rejected_naming_file_and_key(tmp_path, text, fragments):
+    path = write(tmp_path, text)
+    with pytest.raises(UserError) as err:
+        load_config(path)
+    for fragment in fragments:
+        assert fragment.format(file=path, base=BASE_CONFIG) in str(err.value)
+    assert str(path) in str(err.value)
+
+
+def test_curriculum_bounds_are_not_checked_while_disabled():
+    config = load_config(overrides=["arch.L_cycles=1"])
+    assert config["arch"]["L_cycles"] == 1 and config["schedules"]["curriculum"]["start_L_cycles"] == 2
+
+
+def test_yaml_errors_name_the_file(tmp_path):
+    duplicate = write(tmp_path, "optim:\n  lr: 1.0e-4\n  lr: 3.0e-4\n", "dup.yaml")
+    with pytest.raises(
+        UserError, match=r"(?s)dup\.yaml: not valid YAML: duplicate key 'lr'.*dup\.yaml\", line 3"
+    ):
+        load_config(duplicate)
+    broken = write(tmp_path, "optim: [\n", "broken.yaml")
+    with pytest.raises(UserError, match=r"broken\.yaml: not valid YAML"):
+        load_config(broken)
+    with pytest.raises(UserError, match=r"top level, got \[1, 2\] \(list\)"):
+        load_config(write(tmp_path, "[1, 2]\n"))
+    with pytest.raises(UserError, match="config file not found"):
+        load_config(tmp_path / "absent.yaml")
+    with pytest.raises(UserError, match=r"config\.json: not valid JSON"):
+        load_config(write(tmp_path, "{,}", "config.json"), base=None)
+
+
+def test_missing_base_points_to_the_resolved_config(tmp_path):
+    with pytest.raises(UserError, match=r"base config .*absent.yaml not found.*base=None"):
+        load_config(base=tmp_path / "absent.yaml")
+
+
+# ---------------------------------------------------------------------------------------------------- --set
+
+
+@pytest.mark.parametrize(
+    "item, value",
+    [
+        ("optim.lr=1e-4", 1e-4),
+        ("optim.lr=3E-5", 3e-5),
+        ("optim.ema=true", True),
+        ("train.eval_subset=null", None),
+        ("a.b=[1, 2]", [1, 2]),
+        ("arch.pos_encodings=rope", "rope"),
+    ],
+)
+def test_parse_set_reads_yaml_scalars(item, value):
+    parsed = parse_set(item)
+    first, second = item.split("=")[0].split(".")
+    assert parsed == {first: {second: value}}
+
+
+def test_set_overrides_apply_after_the_experiment_file(tmp_path):
+    path = write(tmp_path, "optim:\n  lr: 3.0e-4\n  optimizer: adamw\n")
+    config = load_config(path, ["optim.lr=1e-3", "train.eval_subset=null", "optim.lr=2e-3"])
+    assert config["optim"] == {**load_config(path)["optim"], "lr": 2e-3}
+    assert config["train"]["eval_subset"] is None
+
+
+@pytest.mark.parametrize(
+    "item, fragment",
+    [
+        ("optim.lrr=1", "--set optim.lrr=1: unknown key 'optim.lrr' (did you mean 'optim.lr'?)"),
+        ("optimizer=lion", "--set optimizer=lion: unknown key 'optimizer'"),
+        ("optim.lr", "--set 'optim.lr': expected KEY.PATH=VALUE"),
+        ("optim..lr=1", "expected KEY.PATH=VALUE"),
+        ("optim.lr=abc", "--set optim.lr=abc: optim.lr: expected a number > 0, got 'abc'"),
+        (
+            "arch.num_heads=7",
+            "arch.hidden_size = 512 (from {base}) must be divisible by arch.num_heads = 7 (from --set",
+        ),
+    ],
+)
+def test_bad_set_overrides_are_rejected(item, fragment):
+    with pytest.raises(UserError) as err:
+        load_config(overrides=[item])
+    assert fragment.format(base=BASE_CONFIG) in str(err.value)
+
+
+# ------------------------------------------------------------------------------------- resolved config, hash
+
+
+def test_resolved_config_round_trips_without_base(tmp_path, resolved):
+    config = resolved["exp06_f"]
+    path = write(tmp_path, dump_config(config), "config.json")
+    assert load_config(path, base=None) == config
+    assert dump_config(load_config(path, base=None)) == path.read_text()
+
+
+def test_incomplete_resolved_config_is_rejected(tmp_path, base):
+    config = copy.deepcopy(base)
+    del config["arch"]["loss"]
+    del config["schedules"]["halt_exploration"]
+    path = write(tmp_path, json.dumps(config), "config.json")
+    with pytest.raises(UserError) as err:
+        load_config(path, base=None)
+    assert f"{path}: missing key 'arch.loss'" in str(err.value)
+    assert f"{path}: missing key 'schedules.halt_exploration'" in str(err.value)
+    with pytest.raises(UserError, match="no config given"):
+        load_config(base=None)
+
+
+def test_hash_ignores_key_order_and_int_vs_float_but_not_values(tmp_path, base):
+    def reversed_order(node):
+        return {k: reversed_order(v) for k, v in reversed(node.items())} if isinstance(node, dict) else node
+
+    digest = config_hash(base)
+    assert len(digest) == 12 and set(digest) <= set("0123456789abcdef")
+    assert config_hash(reversed_order(base)) == digest
+    assert config_hash(load_config(write(tmp_path, "optim:\n  weight_decay: 1\n"))) == digest
+    assert config_hash(load_config(overrides=["optim.lr=1.00001e-4"])) != digest
+    assert config_hash(load_config(overrides=["train.seed=1"])) != digest
+
+
+# ------------------------------------------------------------------------------------------------ ids, docs
+
+
+def test_experiment_ids_reject_unsafe_file_names(tmp_path):
+    for name in ("good_1.yaml", "Bad.yaml", "a-b.yaml", "x.yml", "run me.yaml"):
+        (tmp_path / name).write_text("{}\n")
+    with pytest.raises(UserError) as err:
+        experiment_ids(tmp_path)
+    assert "Bad.yaml, a-b.yaml, run me.yaml, x.yml" in str(err.value)
+    (tmp_path / "good_2.yaml").write_text("{}\n")
+    for name in ("Bad.yaml", "a-b.yaml", "x.yml", "run me.yaml"):
+        (tmp_path / name).unlink()
+    assert experiment_ids(tmp_path) == ["good_1", "good_2"]
+
+
+def test_experiment_path_checks_id_and_existence():
+    assert experiment_path("exp01a") == CONFIG_DIR / "experiments" / "exp01a.yaml"
+    with pytest.raises(UserError, match="invalid experiment id '../base'"):
+        experiment_path("../base")
+    with pytest.raises(UserError, match=r"unknown experiment 'exp01g'.*did you mean exp01f"):
+        experiment_path("exp01g")
+
+
+def test_config_readme_matches_the_generated_reference():
+    readme = (CONFIG_DIR / "README.md").read_text()
+    assert readme == reference_markdown(), "config/README.md is stale: run .venv/bin/python -m trm.config"
+    for key in config_keys():
+        assert f"`{key}`" in readme
