@@ -1,0 +1,169 @@
+"""Build the Sudoku-Extreme dataset: train and test .npy files in the original TRM layout (spec trm.md §2).
+
+Steps: read and validate the puzzles of --source; keep those with rating >= --min-difficulty (both
+splits); subsample the train split (--subsample-size) and the test split (--test-subsample-size);
+expand every train puzzle into a group of itself plus --num-aug random symmetries (digit relabelling,
+transpose, band/row and stack/column shuffles); write tokens (1 = blank, 2..10 = digits) as uint8.
+
+Sources (--source):
+  FILE.csv[.gz]    a CSV with columns source,question,answer,rating. Split by the seed into test (20%,
+                   at least 1 puzzle) and train (the rest), unless --test-source gives the test split.
+  DIR              a folder holding train.csv and test.csv (or .csv.gz).
+  hf:OWNER/REPO    train.csv and test.csv downloaded from the Hugging Face hub (needs network; cached in
+                   $TRM_CACHE_DIR, default ~/.cache/trm). Default: hf:sapientinc/sudoku-extreme.
+  generate:N       offline: N generated minimal puzzles with unique solutions as the train split and
+                   max(1, N // 4) further, distinct ones as the test split; rating = solver backtracks.
+
+Randomness comes only from --seed: the same inputs and seed give byte-identical files. Subsamples are
+prefixes of one seeded permutation, and the augmentations of the k-th kept puzzle depend only on (seed,
+k), so a build with --subsample-size 100 is exactly the first 100 groups of the same build with 1000.
+
+The dataset is written to a temporary folder beside --output-dir and renamed into place at the end: on
+any error nothing is left behind. dataset.json holds the original's fields plus provenance (builder,
+source, test_source, seed, subsample_size, test_subsample_size, num_aug, min_difficulty; the same in
+both splits) and content_sha256 (see `trm dataset-info`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from trm.data import format as fmt
+from trm.data import sources
+from trm.data.augment import augment
+from trm.data.sudoku import MISSING_RATING, Puzzles
+from trm.errors import UserError
+
+_TRAIN_SUBSAMPLE_STREAM = 0x7A1
+_TEST_SUBSAMPLE_STREAM = 0x7E5
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--source",
+        default="hf:sapientinc/sudoku-extreme",
+        help="FILE, DIR, hf:OWNER/REPO or generate:N (see above)",
+    )
+    parser.add_argument("--test-source", default=None, help="a CSV file to use, whole, as the test split")
+    parser.add_argument("--output-dir", default="data/sudoku-extreme-full", help="dataset folder to create")
+    parser.add_argument(
+        "--subsample-size", type=int, default=None, help="train puzzles to keep (default: all)"
+    )
+    parser.add_argument(
+        "--test-subsample-size", type=int, default=None, help="test puzzles to keep (default: all)"
+    )
+    parser.add_argument("--num-aug", type=int, default=0, help="augmentations per train puzzle (default: 0)")
+    parser.add_argument(
+        "--min-difficulty", type=int, default=None, help="keep puzzles with rating >= this (both splits)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of all random choices (default: 0)")
+    parser.add_argument("--force", action="store_true", help="replace --output-dir if it exists")
+
+
+def _filter_difficulty(puzzles: Puzzles, min_difficulty: int, split: str) -> Puzzles:
+    unrated = int((puzzles.ratings == MISSING_RATING).sum())
+    if unrated:
+        raise UserError(
+            f"--min-difficulty {min_difficulty}: {unrated} puzzles of the {split} split have no rating"
+        )
+    kept = puzzles.take(np.flatnonzero(puzzles.ratings >= min_difficulty))
+    if len(kept) == 0:
+        raise UserError(f"--min-difficulty {min_difficulty}: no puzzle of the {split} split is that hard")
+    return kept
+
+
+def subsample(puzzles: Puzzles, size: int | None, seed: int, stream: int, split: str) -> Puzzles:
+    """The first `size` puzzles of a seeded permutation (all, in file order, if size is None or all of them)."""
+    if size is None or size == len(puzzles):
+        return puzzles
+    if size > len(puzzles):
+        raise UserError(f"subsample size {size} exceeds the {len(puzzles)} puzzles of the {split} split")
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, stream])))
+    return puzzles.take(rng.permutation(len(puzzles))[:size])
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    for flag, value, minimum in (
+        ("--subsample-size", args.subsample_size, 1),
+        ("--test-subsample-size", args.test_subsample_size, 1),
+        ("--num-aug", args.num_aug, 0),
+        ("--seed", args.seed, 0),
+    ):
+        if value is not None and value < minimum:
+            raise UserError(f"{flag} must be >= {minimum}, got {value}")
+    output = Path(args.output_dir)
+    if output.exists() and not args.force:
+        raise UserError(f"--output-dir {output} already exists (pass --force to replace it)")
+
+
+def _write(tmp: Path, splits: dict[str, tuple[np.ndarray, np.ndarray, int]], provenance: dict) -> str:
+    for split, (inputs, labels, group_size) in splits.items():
+        fmt.write_split_arrays(tmp, split, inputs, labels, group_size)
+    digest = fmt.content_hash(tmp)
+    for split, (inputs, _, group_size) in splits.items():
+        metadata = fmt.sudoku_metadata(len(inputs) // group_size) | provenance | {"content_sha256": digest}
+        fmt.write_json(tmp / split / "dataset.json", metadata)
+    fmt.write_json(tmp / "identifiers.json", fmt.IDENTIFIERS)
+    return digest
+
+
+def _replace_dir(tmp: Path, output: Path) -> None:
+    """Move the finished dataset into place, replacing an existing output only once the new one is complete."""
+    if output.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{output.name}.old-", dir=output.parent))
+        output.rename(old / output.name)
+        tmp.rename(output)
+        shutil.rmtree(old)
+    else:
+        tmp.rename(output)
+
+
+def main(args: argparse.Namespace) -> int:
+    _check_args(args)
+    train, test = sources.resolve(args.source, args.seed, args.test_source)
+    if args.min_difficulty is not None:
+        train = _filter_difficulty(train, args.min_difficulty, "train")
+        test = _filter_difficulty(test, args.min_difficulty, "test")
+    train = subsample(train, args.subsample_size, args.seed, _TRAIN_SUBSAMPLE_STREAM, "train")
+    test = subsample(test, args.test_subsample_size, args.seed, _TEST_SUBSAMPLE_STREAM, "test")
+
+    train_inputs, train_labels = augment(train.questions, train.answers, args.num_aug, args.seed)
+    # Tokens: +1 so that 0 is padding (inputs 1 = blank, 2..10 = digits; labels 2..10).
+    for grids in (train_inputs, train_labels):
+        np.add(grids, 1, out=grids)
+    splits = {
+        "train": (train_inputs, train_labels, 1 + args.num_aug),
+        "test": (test.questions + np.uint8(1), test.answers + np.uint8(1), 1),
+    }
+    provenance = {
+        "builder": f"trm {importlib.metadata.version('trm-study')}",
+        "source": sources.describe(args.source),
+        "test_source": None if args.test_source is None else sources.describe(args.test_source),
+        "seed": args.seed,
+        "subsample_size": args.subsample_size,
+        "test_subsample_size": args.test_subsample_size,
+        "num_aug": args.num_aug,
+        "min_difficulty": args.min_difficulty,
+    }
+
+    output = Path(args.output_dir)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
+    try:
+        tmp.chmod(0o755)  # mkdtemp makes it private; the dataset is an ordinary folder
+        digest = _write(tmp, splits, provenance)
+        _replace_dir(tmp, output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    print(
+        f"wrote {output}: train {len(train_inputs)} examples ({len(train)} puzzles x {1 + args.num_aug}), "
+        f"test {len(test)} examples; content sha256 {digest}"
+    )
+    return 0
