@@ -211,6 +211,7 @@ def test_unknown_nested_and_top_level_keys_are_all_reported(tmp_path):
     [
         ("arch:\n  hidden_size: big\n", "arch.hidden_size", "an integer >= 1", "'big' (string)"),
         ("arch:\n  hidden_size: 512.0\n", "arch.hidden_size", "an integer >= 1", "512.0 (number)"),
+        ("arch:\n  puzzle_emb_ndim: 0\n", "arch.puzzle_emb_ndim", "an integer >= 1 or null", "0 (integer)"),
         ("optim:\n  ema: 'yes'\n", "optim.ema", "true or false", "'yes' (string)"),
         ("train: 5\n", "train", "a mapping with keys global_batch_size", "5 (integer)"),
         ("train:\n  eval_subset: 0\n", "train.eval_subset", "an integer >= 1 or null", "0 (integer)"),
@@ -261,8 +262,14 @@ def test_wrong_type_names_key_expected_type_and_value(tmp_path, text, key, expec
             ],
         ),
         (
-            "arch:\n  puzzle_emb_len: 0\n",
-            ["the puzzle embedding (512 values) must fit in arch.puzzle_emb_len = 0"],
+            "arch:\n  puzzle_emb_ndim: 8193\n",
+            [
+                "the puzzle embedding (arch.puzzle_emb_ndim = 8193 (from {file})) must fit in arch.puzzle_emb_len = 16"
+            ],
+        ),
+        (
+            "arch:\n  no_ACT_continue: false\n",
+            ["arch.no_ACT_continue: expected only true, got false (boolean)"],
         ),
     ],
 )

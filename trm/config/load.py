@@ -121,10 +121,15 @@ def _read_document(path: Path) -> dict:
 # --------------------------------------------------------------------------------------------------- checking
 
 
+def _text(value: Any) -> str:
+    """A value as the user wrote it in YAML: true, null, 'text'."""
+    return repr(value) if isinstance(value, str) else json.dumps(value, default=repr)
+
+
 def _got(value: Any) -> str:
     kinds = {bool: "boolean", int: "integer", float: "number", str: "string", dict: "mapping", list: "list"}
     kind = "null" if value is None else kinds.get(type(value), type(value).__name__)
-    return f"{value!r} ({kind})"
+    return f"{_text(value)} ({kind})"
 
 
 def expected_values(node: dict) -> str:
@@ -132,7 +137,8 @@ def expected_values(node: dict) -> str:
     if "properties" in node:
         return f"a mapping with keys {', '.join(node['properties'])}"
     if "enum" in node:
-        return "one of " + ", ".join(map(str, node["enum"]))
+        values = [v if isinstance(v, str) else json.dumps(v) for v in node["enum"]]
+        return f"only {values[0]}" if len(values) == 1 else "one of " + ", ".join(values)
     types = node["type"] if isinstance(node["type"], list) else [node["type"]]
     bounds = [
         f"{op} {node[word]}"
@@ -209,7 +215,7 @@ def _impossible_values(config: dict, origin: dict[str, str]) -> list[str]:
     """Cross-field checks the schema cannot express; each message names the keys and where they were set."""
 
     def ref(key: str) -> str:
-        return f"{key} = {_get(config, key)!r} (from {origin.get(key, '?')})"
+        return f"{key} = {_text(_get(config, key))} (from {origin.get(key, '?')})"
 
     def value(key: str) -> Any:
         return _get(config, key)
@@ -222,12 +228,12 @@ def _impossible_values(config: dict, origin: dict[str, str]) -> list[str]:
             errors.append(
                 f"rotary encoding needs an even head_dim: {ref('arch.hidden_size')} / {ref('arch.num_heads')} is odd"
             )
-    emb_ndim = value("arch.puzzle_emb_ndim")
-    emb_ndim = value("arch.hidden_size") if emb_ndim is None else emb_ndim
-    if emb_ndim > value("arch.puzzle_emb_len") * value("arch.hidden_size"):
+    emb_ndim = value("arch.puzzle_emb_ndim") or value("arch.hidden_size")
+    # puzzle_emb_len 0 means just enough positions, which always fits.
+    if 0 < value("arch.puzzle_emb_len") * value("arch.hidden_size") < emb_ndim:
         errors.append(
-            f"the puzzle embedding ({emb_ndim} values) must fit in {ref('arch.puzzle_emb_len')} "
-            f"positions of {ref('arch.hidden_size')}"
+            f"the puzzle embedding ({ref('arch.puzzle_emb_ndim')}) must fit in "
+            f"{ref('arch.puzzle_emb_len')} positions of {ref('arch.hidden_size')}"
         )
     if value("train.global_batch_size") % value("train.micro_batches"):
         errors.append(f"{ref('train.global_batch_size')} must be divisible by {ref('train.micro_batches')}")
