@@ -1,0 +1,135 @@
+"""Copy a local dataset folder to storage (gs://BUCKET/PATH, file:///PATH or a local path) with a manifest.
+
+Every file is uploaded, its stored checksum confirmed, files on storage that are not in the source are deleted,
+and MANIFEST.json (sizes, md5, crc32c) is written LAST: a destination without a manifest is not a staged
+dataset. Any old manifest is removed before the first change, so an interrupted run leaves none; rerunning
+completes it. Files already stored with the right size and checksums are skipped, so rerunning on unchanged
+content transfers nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from fsspec.callbacks import Callback
+from tqdm import tqdm
+
+from trm import storage
+from trm.data.manifest import MANIFEST_NAME, FileEntry, Manifest, list_stored, scan_local, stored_entry
+from trm.errors import UserError
+
+
+class _BarCallback(Callback):
+    """Forwards fsspec's per-file transfer progress to one shared tqdm bar (bytes)."""
+
+    def __init__(self, bar: tqdm):
+        super().__init__()
+        self.bar = bar
+        self.shown = 0
+
+    def call(self, *args, **kwargs) -> None:
+        self.bar.update(self.value - self.shown)
+        self.shown = self.value
+
+
+def stage_dataset(src: str | Path, dest: str) -> dict:
+    """Stage the local folder `src` at the storage URL `dest`; returns counts for the summary line."""
+    start = time.perf_counter()
+    src = Path(src)
+    if not src.is_dir():
+        raise UserError(f"source dataset folder {src} does not exist or is not a directory")
+    manifest = scan_local(src)
+    if not manifest.entries:
+        raise UserError(f"source dataset folder {src} contains no files")
+
+    fs, root = storage.filesystem(dest)
+    manifest_path = f"{root}/{MANIFEST_NAME}"
+    bucket = root.split("/", 1)[0]
+    if "gs" in fs.protocol and not fs.exists(bucket):
+        raise UserError(
+            f"bucket gs://{bucket} of {dest} does not exist (or is not accessible); create it first"
+        )
+    stored = list_stored(fs, root)
+    old_manifest = stored.pop(MANIFEST_NAME, None)
+
+    wanted = {e.path: e for e in manifest.entries}
+    to_upload = [
+        e
+        for e in manifest.entries
+        if e.path not in stored or e.mismatch(stored_entry(fs, root, e.path, stored[e.path]))
+    ]
+    to_delete = sorted(set(stored) - set(wanted))
+    manifest_current = (
+        old_manifest is not None
+        and not to_upload
+        and not to_delete
+        and fs.cat_file(manifest_path).decode() == manifest.to_json()
+    )
+    if manifest_current:
+        return _summary(manifest, [], [], manifest_written=False, seconds=time.perf_counter() - start)
+
+    # From here on the destination changes: first make it unmistakably "not staged".
+    if old_manifest is not None:
+        fs.rm_file(manifest_path)
+    with tqdm(
+        total=sum(e.size for e in to_upload), unit="B", unit_scale=True, desc=f"staging {dest}", disable=None
+    ) as bar:
+        for entry in to_upload:
+            _upload(fs, src, root, entry, bar)
+    for rel in to_delete:
+        fs.rm_file(f"{root}/{rel}")
+    storage.write_text(storage.join(dest, MANIFEST_NAME), manifest.to_json())
+    return _summary(
+        manifest, to_upload, to_delete, manifest_written=True, seconds=time.perf_counter() - start
+    )
+
+
+def _upload(fs, src: Path, root: str, entry: FileEntry, bar: tqdm) -> None:
+    """Upload one file and confirm that the stored copy has the checksums measured before the upload."""
+    remote = f"{root}/{entry.path}"
+    callback = _BarCallback(bar)
+    fs.put_file(str(src / entry.path), remote, callback=callback)
+    bar.update(entry.size - callback.shown)  # the local filesystem reports no progress
+    problem = entry.mismatch(stored_entry(fs, root, entry.path, fs.info(remote)))
+    if problem:
+        raise UserError(
+            f"{src / entry.path} changed while staging it (stored copy {problem}); rerun trm stage"
+        )
+
+
+def _summary(
+    manifest: Manifest, uploaded: list[FileEntry], deleted: list[str], manifest_written: bool, seconds: float
+) -> dict:
+    return {
+        "manifest_written": manifest_written,
+        "files": len(manifest.entries),
+        "bytes": manifest.total_bytes,
+        "uploaded_files": len(uploaded),
+        "uploaded_bytes": sum(e.size for e in uploaded),
+        "skipped_files": len(manifest.entries) - len(uploaded),
+        "deleted_files": len(deleted),
+        "manifest_hash": manifest.hash,
+        "seconds": seconds,
+    }
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("src", help="local dataset folder (e.g. data/sudoku-extreme-1k-aug-1000)")
+    parser.add_argument("dest", help="destination URL: gs://BUCKET/PATH, file:///ABS/PATH or a local path")
+
+
+def main(args: argparse.Namespace) -> int:
+    s = stage_dataset(args.src, args.dest)
+    if not s["manifest_written"]:
+        print(
+            f"{args.dest}: already up to date, nothing transferred ({s['files']} files, {s['bytes']:,} bytes)"
+        )
+    else:
+        print(
+            f"staged {args.src} -> {args.dest}: {s['uploaded_files']} files uploaded ({s['uploaded_bytes']:,} bytes), "
+            f"{s['skipped_files']} already present, {s['deleted_files']} stale files deleted, "
+            f"{s['seconds']:.1f} s; manifest {s['manifest_hash'][:16]}"
+        )
+    return 0
