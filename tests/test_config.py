@@ -419,3 +419,39 @@ def test_config_readme_matches_the_generated_reference():
     assert readme == reference_markdown(), "config/README.md is stale: run .venv/bin/python -m trm.config"
     for key in config_keys():
         assert f"`{key}`" in readme
+
+
+# ------------------------------------------------------------------------------------------------ trm config
+
+
+def test_cli_prints_the_resolved_config_and_its_hash(capsys, resolved):
+    from trm.cli import main
+
+    assert main(["config", "exp06_e"]) == 0
+    assert json.loads(capsys.readouterr().out) == resolved["exp06_e"]
+    assert main(["config", "exp06_e", "--set", "train.seed=3", "--hash"]) == 0
+    seeded = copy.deepcopy(resolved["exp06_e"])
+    seeded["train"]["seed"] = 3
+    assert capsys.readouterr().out == config_hash(seeded) + "\n"
+    assert main(["config", "--list"]) == 0
+    assert capsys.readouterr().out.split() == experiment_ids()
+
+
+def test_cli_writes_output_and_reads_it_back_as_resolved(tmp_path, capsys, resolved):
+    from trm.cli import main
+
+    out = tmp_path / "run" / "config.json"
+    assert main(["config", "exp09e", "--output", str(out)]) == 0
+    assert main(["config", str(out), "--resolved", "--hash"]) == 0
+    assert capsys.readouterr().out == config_hash(resolved["exp09e"]) + "\n"
+
+
+def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path, capsys):
+    from trm.cli import main
+
+    out = tmp_path / "config.json"
+    assert main(["config", "exp01a", "--set", "arch.num_heads=5", "--output", str(out)]) == 2
+    assert "trm config: error: arch.hidden_size = 256" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    assert main(["config", "exp99"]) == 2
+    assert "unknown experiment 'exp99'" in capsys.readouterr().err

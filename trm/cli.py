@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stage": ("trm.data.stage", "Copy a dataset to storage (gs:// or file://) with a checksum manifest."),
     "verify": ("trm.data.verify", "Check a staged dataset against its manifest."),
     "model-info": ("trm.model.info", "Print the parameter count and FLOPs of a model configuration."),
+    "config": ("trm.config.show", "Resolve, validate and print a run config (base <- experiment <- --set)."),
 }
 
 

@@ -34,6 +34,9 @@ the schema, `trm/config/schema.json` (JSON Schema 2020-12), is what `snakemake.u
 The resolved config is written to each run directory as canonical JSON (`dump_config`), and
 `load_config(path, base=None)` reads it back without the repository. `config_hash` (sha256 of that JSON, 12 hex
 digits) names runs: the same resolved config always lands in the same place.
+
+From the shell: `trm config exp06_f --set train.epochs=100` prints the resolved config, `--hash` its hash,
+`--output FILE` writes it, `--resolved` checks a resolved file, and `trm config --list` lists the experiment ids.
 """
 
 

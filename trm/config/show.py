@@ -1,0 +1,78 @@
+"""Resolve, validate and print a run configuration: config/base.yaml <- experiment <- --set overrides.
+
+Examples:
+  trm config exp06_f                               # resolved config of an experiment, as canonical JSON
+  trm config exp06_f --set train.epochs=100 --hash # the 12-digit hash that names its run
+  trm config my_overrides.yaml --output run/config.json
+  trm config run/config.json --resolved            # check a resolved config written to a run directory
+  trm config --list                                # every experiment id
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from trm.config.load import (
+    EXPERIMENT_ID,
+    config_hash,
+    dump_config,
+    experiment_ids,
+    experiment_path,
+    load_config,
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "experiment", nargs="?", help="experiment id or override file (default: the baseline alone)"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override one key (repeatable), e.g. --set optim.lr=3e-4",
+    )
+    parser.add_argument(
+        "--resolved", action="store_true", help="the file is a complete resolved config: use no base"
+    )
+    parser.add_argument("--hash", action="store_true", help="print only the config hash")
+    parser.add_argument(
+        "--output", type=Path, help="write the resolved config to this file instead of stdout"
+    )
+    parser.add_argument("--list", action="store_true", help="list the experiment ids and exit")
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as stream:
+            stream.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.list:
+        print("\n".join(experiment_ids()))
+        return 0
+    path = args.experiment
+    if path is not None and EXPERIMENT_ID.match(path) and not Path(path).exists():
+        path = experiment_path(path)
+    config = (
+        load_config(path, args.overrides, base=None) if args.resolved else load_config(path, args.overrides)
+    )
+    text = config_hash(config) + "\n" if args.hash else dump_config(config)
+    if args.output:
+        _write_atomically(args.output, text)
+    else:
+        sys.stdout.write(text)
+    return 0
