@@ -16,7 +16,7 @@ nested subsamples of the builder a 100-puzzle dataset is exactly the first 100 g
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 from tqdm import tqdm
@@ -29,10 +29,27 @@ _CHUNK_EXAMPLES = 4096
 
 @dataclass
 class Augmentations:
-    """A batch of M augmentations: digit_map [M, 10] (digit_map[:, 0] == 0), source_cell [M, 81] in 0..80."""
+    """A batch of M augmentations as drawn (spec §2.3 step 4)."""
 
-    digit_map: np.ndarray
-    source_cell: np.ndarray
+    digit_map: np.ndarray  # [M, 10] uint8: new digit of each old digit; digit_map[:, 0] == 0 (blank stays)
+    transpose: np.ndarray  # [M] bool
+    row_perm: np.ndarray  # [M, 9] int16: new row i is old row row_perm[i] (after the transpose)
+    col_perm: np.ndarray  # [M, 9] int16
+
+    def source_cell(self) -> np.ndarray:
+        """[M, 81]: the old cell that each new cell reads, transpose and both permutations combined."""
+        # After a transpose, cell (a, b) holds old[b, a]; so new[i, j] reads old[col_perm[j], row_perm[i]]:
+        # the row permutation steps by 1 cell instead of 9, and the column permutation by 9 instead of 1.
+        row_step = np.where(self.transpose, 1, 9).astype(np.int16)[:, None]
+        col_step = np.where(self.transpose, 9, 1).astype(np.int16)[:, None]
+        cells = (self.row_perm * row_step)[:, :, None] + (self.col_perm * col_step)[:, None, :]
+        return cells.reshape(-1, 81)
+
+    @staticmethod
+    def concatenate(parts: list[Augmentations]) -> Augmentations:
+        return Augmentations(
+            *(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(Augmentations))
+        )
 
 
 def _band_permutations() -> np.ndarray:
@@ -57,12 +74,7 @@ def draw_augmentations(rng: np.random.Generator, count: int) -> Augmentations:
     digit_map = np.concatenate([np.zeros((count, 1), dtype=np.uint8), digits], axis=1)
     transpose = rng.random(count) < 0.5
     row_perm, col_perm = BAND_PERMUTATIONS[rng.integers(0, len(BAND_PERMUTATIONS), size=(2, count))]
-    # After a transpose, cell (a, b) holds old[b, a]; so new[i, j] reads old[col_perm[j], row_perm[i]]:
-    # the row permutation steps by 1 cell instead of 9, and the column permutation by 9 instead of 1.
-    row_step = np.where(transpose, 1, 9).astype(np.int16)[:, None]
-    col_step = np.where(transpose, 9, 1).astype(np.int16)[:, None]
-    source_cell = ((row_perm * row_step)[:, :, None] + (col_perm * col_step)[:, None, :]).reshape(count, 81)
-    return Augmentations(digit_map, source_cell)
+    return Augmentations(digit_map, transpose, row_perm, col_perm)
 
 
 def apply_augmentations(grids: list[np.ndarray], group: np.ndarray, aug: Augmentations) -> list[np.ndarray]:
@@ -70,7 +82,7 @@ def apply_augmentations(grids: list[np.ndarray], group: np.ndarray, aug: Augment
 
     Returns one [M, 81] uint8 array per input array (e.g. questions and answers under the same draws).
     """
-    cells = group[:, None] * 81 + aug.source_cell
+    cells = group[:, None] * 81 + aug.source_cell()
     digit_offset = np.arange(len(group))[:, None] * 10
     digit_map = aug.digit_map.reshape(-1)
     return [digit_map[digit_offset + grid.reshape(-1)[cells]] for grid in grids]
@@ -101,10 +113,7 @@ def augment(
             for start in range(0, n, groups_per_chunk):
                 stop = min(n, start + groups_per_chunk)
                 draws = [draw_augmentations(group_rng(seed, g), num_aug) for g in range(start, stop)]
-                aug = Augmentations(
-                    np.concatenate([d.digit_map for d in draws]),
-                    np.concatenate([d.source_cell for d in draws]),
-                )
+                aug = Augmentations.concatenate(draws)
                 group = np.repeat(np.arange(stop - start), num_aug)
                 new_q, new_a = apply_augmentations([questions[start:stop], answers[start:stop]], group, aug)
                 out_q[start:stop, 1:] = new_q.reshape(-1, num_aug, 81)
