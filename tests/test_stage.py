@@ -89,6 +89,7 @@ def test_stage_writes_manifest_and_everything_checks(dataset: Path, dest: str, t
     local = fetch_dataset(dest, tmp_path / "cache")
     assert source_files(local).items() >= files.items()
     assert (local / MANIFEST_NAME).read_text() == storage.read_text(storage.join(dest, MANIFEST_NAME))
+    assert stage_dataset(local, dest)["uploaded_files"] == 0, "a fetched copy stages as the same dataset"
 
 
 def test_second_stage_transfers_nothing(dataset: Path, dest: str, capsys):

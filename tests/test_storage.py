@@ -33,11 +33,14 @@ def test_join():
     assert storage.join("/tmp/x", "a/b") == "/tmp/x/a/b"
 
 
-def test_gcs_filesystem_follows_the_emulator_variable(gcs_emulator: str):
+def test_gcs_filesystem_follows_the_emulator_variable(gcs_emulator: str, monkeypatch: pytest.MonkeyPatch):
     fs, _ = storage.filesystem("gs://bucket/x")
     assert fs._location == gcs_emulator
-    # Instances are cached per endpoint: the same one is returned while the variable is unchanged.
+    # Instances are cached per endpoint: the same one is returned while the variable is unchanged...
     assert storage.filesystem("gs://other/y")[0] is fs
+    # ...and a new endpoint (read at each call) gets its own instance.
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "127.0.0.1:1")
+    assert storage.filesystem("gs://bucket/x")[0]._location == "http://127.0.0.1:1"
 
 
 def test_write_read_exists_and_list(storage_root: str):

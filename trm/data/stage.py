@@ -54,13 +54,12 @@ def stage_dataset(src: str | Path, dest: str) -> dict:
     stored = list_stored(fs, root)
     old_manifest = stored.pop(MANIFEST_NAME, None)
 
-    wanted = {e.path: e for e in manifest.entries}
     to_upload = [
         e
         for e in manifest.entries
         if e.path not in stored or e.mismatch(stored_entry(fs, root, e.path, stored[e.path]))
     ]
-    to_delete = sorted(set(stored) - set(wanted))
+    to_delete = sorted(set(stored) - {e.path for e in manifest.entries})
     manifest_current = (
         old_manifest is not None
         and not to_upload

@@ -18,11 +18,16 @@ from pathlib import Path
 from tqdm import tqdm
 
 from trm import storage
-from trm.data.manifest import MANIFEST_NAME, Manifest, hash_stream, list_stored, read_manifest, stored_entry
+from trm.data.manifest import (
+    FETCHED_MARKER,
+    MANIFEST_NAME,
+    Manifest,
+    hash_stream,
+    list_stored,
+    read_manifest,
+    stored_entry,
+)
 from trm.errors import UserError
-
-# Written last into a completed cache copy; holds the manifest hash of the content it was checked against.
-COMPLETE_MARKER = ".complete"
 
 
 def find_problems(url: str, download: bool = False) -> tuple[Manifest, list[str]]:
@@ -91,7 +96,7 @@ def fetch_dataset(url: str, cache_dir: str | Path) -> Path:
 
 def _is_complete(target: Path, manifest: Manifest) -> bool:
     """Whether `target` is a finished copy of `manifest` (marker and file sizes; the bytes were hashed on download)."""
-    marker = target / COMPLETE_MARKER
+    marker = target / FETCHED_MARKER
     if not marker.is_file() or marker.read_text().strip() != manifest.hash:
         return False
     return all(
@@ -122,7 +127,7 @@ def _download(url: str, manifest: Manifest, tmp: Path) -> None:
                 )
             bar.update(entry.size)
     (tmp / MANIFEST_NAME).write_text(manifest.to_json())
-    (tmp / COMPLETE_MARKER).write_text(manifest.hash + "\n")
+    (tmp / FETCHED_MARKER).write_text(manifest.hash + "\n")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
