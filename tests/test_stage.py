@@ -61,7 +61,8 @@ def damage(url: str, fault: str) -> None:
     fs, path = storage.filesystem(url)
     data = fs.cat_file(path)
     if fault == "flip":
-        fs.pipe_file(path, data[:100] + bytes([data[100] ^ 0x01]) + data[101:])
+        i = len(data) // 2  # in the array data, past the .npy header
+        fs.pipe_file(path, data[:i] + bytes([data[i] ^ 0x01]) + data[i + 1 :])
     elif fault == "truncate":
         fs.pipe_file(path, data[: len(data) // 2])
     else:
