@@ -19,6 +19,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stage": ("trm.data.stage", "Copy a dataset to storage (gs:// or file://) with a checksum manifest."),
     "verify": ("trm.data.verify", "Check a staged dataset against its manifest."),
     "model-info": ("trm.model.info", "Print the parameter count and FLOPs of a model configuration."),
+    "train": (
+        "trm.train.trainer",
+        "Train a TRM on a staged dataset; resumes from the run dir's latest checkpoint.",
+    ),
     "config": ("trm.config.show", "Resolve, validate and print a run config (base <- experiment <- --set)."),
 }
 

@@ -1,0 +1,318 @@
+"""Train a TRM on a staged dataset, resuming exactly from the latest checkpoint in the run dir.
+
+    trm train --config config/experiments/exp01a.yaml --data file:///.../datasets/p1000-a1000 --run-dir DIR
+
+The run dir (a local path, file:// or gs:// URL) receives config.json (the resolved config), metrics.jsonl
+(train and eval records, one JSON object per line), ckpt/ (orbax checkpoints of the whole training state),
+final.json (final evaluation on the full test split, parameter digests) and _SUCCESS (written last).
+
+Running the same command again after a kill or preemption continues from the latest checkpoint and ends with
+the same parameters as an uninterrupted run. SIGTERM/SIGINT save a checkpoint and exit with code 42.
+Exit codes: 0 finished, 2 bad input, 42 stopped early (resumable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from trm import storage
+from trm.config import config_hash, dump_config, load_config
+from trm.data.format import load_split
+from trm.data.verify import fetch_dataset
+from trm.errors import UserError
+from trm.model.config import ModelConfig
+from trm.train.checkpoint import Checkpointer
+from trm.train.data import TrainBatches, eval_batches
+from trm.train.optim import dense_lr_schedule
+from trm.train.schedule import cycles_at, halt_exploration_at
+from trm.train.step import EvalStep, Model, TrainState, TrainStep, init_state
+
+EXIT_PREEMPTED = 42
+DEFAULT_CACHE = os.environ.get("TRM_CACHE_DIR", str(Path.home() / ".cache" / "trm" / "datasets"))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        required=True,
+        help="experiment YAML (overrides of config/base.yaml) or a "
+        "resolved config.json (complete; no base needed)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config value, e.g. --set train.epochs=10 (repeatable)",
+    )
+    parser.add_argument("--data", required=True, help="URL of the staged dataset (gs://, file:// or a path)")
+    parser.add_argument("--run-dir", required=True, help="URL of the run directory (created if missing)")
+    parser.add_argument(
+        "--cache-dir",
+        default=DEFAULT_CACHE,
+        help="local cache for the dataset copy (default: %(default)s, or $TRM_CACHE_DIR)",
+    )
+    parser.add_argument("--log-every", type=int, default=50, help="train metrics every N steps (default 50)")
+    parser.add_argument(
+        "--wandb",
+        action="store_true",
+        help="also log to Weights & Biases (needs the wandb package; WANDB_MODE=offline works)",
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    config = load_config(
+        args.config, args.set, base=None if args.config.endswith(".json") else _default_base()
+    )
+    if args.log_every < 1:
+        raise UserError(f"--log-every {args.log_every}: must be >= 1")
+    return Trainer(config, args.data, args.run_dir, args.cache_dir, args.log_every, args.wandb).run()
+
+
+def _default_base():
+    from trm.config import BASE_CONFIG
+
+    return BASE_CONFIG
+
+
+def params_digest(tree: Any) -> str:
+    """sha256 over the bytes of every leaf in a fixed order: equal digests mean bit-identical parameters."""
+    digest = hashlib.sha256()
+    for path, leaf in sorted(
+        jax.tree_util.tree_leaves_with_path(tree), key=lambda kv: jax.tree_util.keystr(kv[0])
+    ):
+        digest.update(jax.tree_util.keystr(path).encode())
+        digest.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+    return digest.hexdigest()
+
+
+class MetricsLog:
+    """metrics.jsonl in the run dir, rewritten whole at each flush (GCS objects cannot be appended to)."""
+
+    def __init__(self, url: str, resume_step: int) -> None:
+        self.url = url
+        self.records: list[dict] = []
+        if storage.exists(url):
+            # Drop records written after the checkpoint we resume from: they will be written again.
+            for line in storage.read_text(url).splitlines():
+                if line.strip() and json.loads(line)["step"] <= resume_step:
+                    self.records.append(json.loads(line))
+
+    def add(self, record: dict) -> None:
+        self.records.append(record)
+
+    def flush(self) -> None:
+        storage.write_text(self.url, "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.records))
+
+
+class Trainer:
+    def __init__(
+        self, config: dict, data_url: str, run_dir: str, cache_dir: str, log_every: int, use_wandb: bool
+    ) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.log_every = log_every
+        self.train_cfg = config["train"]
+        self._check_run_dir()
+
+        dataset_dir = fetch_dataset(data_url, cache_dir)
+        self.train_split = load_split(dataset_dir, "train")
+        self.test_split = load_split(dataset_dir, "test")
+        self.model_cfg = ModelConfig.from_dict(config["arch"], self.train_split.metadata)
+        _check_compatible(self.train_split.metadata, self.test_split.metadata)
+
+        tc = self.train_cfg
+        self.batches = TrainBatches(
+            self.train_split, tc["global_batch_size"], tc["eval_interval"], tc["seed"]
+        )
+        self.total_steps = (tc["epochs"] // tc["eval_interval"]) * self.batches.batches_per_iter
+        self.lr = dense_lr_schedule(config["optim"], self.total_steps)
+        self.model = Model(self.model_cfg, seed=tc["seed"])
+        self.train_step = TrainStep(self.model, config, self.total_steps)
+        self.eval_step = EvalStep(self.model, tc["eval_steps"])
+        self.checkpoints = Checkpointer(
+            storage.join(run_dir, "ckpt"),
+            keep=tc["keep_checkpoints"],
+            every_steps=tc["checkpoint_every_steps"],
+        )
+        self.wandb = _start_wandb(config, run_dir) if use_wandb else None
+        self._stop_signal: int | None = None
+
+    def _check_run_dir(self) -> None:
+        """A run dir belongs to one config: refuse to resume a run under a different one."""
+        url = storage.join(self.run_dir, "config.json")
+        if storage.exists(url):
+            existing = json.loads(storage.read_text(url))
+            if config_hash(existing) != config_hash(self.config):
+                raise UserError(
+                    f"{url} holds config {config_hash(existing)}, not this run's {config_hash(self.config)}: "
+                    "use a new --run-dir for a different config"
+                )
+        else:
+            storage.write_text(url, dump_config(self.config))
+
+    def run(self) -> int:
+        state = init_state(self.model, self.config, self.total_steps, self.train_cfg["global_batch_size"])
+        start = self.checkpoints.latest_step()
+        if start is not None:
+            state, _ = self.checkpoints.restore(start, state)
+            print(f"resuming from step {start} of {self.total_steps}", file=sys.stderr)
+        start = start or 0
+        metrics_log = MetricsLog(storage.join(self.run_dir, "metrics.jsonl"), start)
+        self._install_signal_handlers()
+        started = time.time()
+        state = self._train(state, start, metrics_log)
+        if self._stop_signal is not None:
+            step = int(state.step)
+            self._save(state, step, started)
+            self.checkpoints.wait()
+            metrics_log.flush()
+            print(f"stopped by signal {self._stop_signal} at step {step}; checkpoint saved", file=sys.stderr)
+            return EXIT_PREEMPTED
+        final = self._evaluate(state, limit=None)
+        metrics_log.add(
+            {
+                "kind": "eval",
+                "split": "test",
+                "subset": None,
+                "step": self.total_steps,
+                "epoch": self.batches.epoch_at(self.total_steps),
+                **final,
+            }
+        )
+        metrics_log.flush()
+        self._save(state, self.total_steps, started)
+        self.checkpoints.wait()
+        summary = {
+            "config_hash": config_hash(self.config),
+            "steps": self.total_steps,
+            "epochs": self.batches.epoch_at(self.total_steps),
+            "test": final,
+            "params_sha256": params_digest(state.params),
+            "ema_sha256": params_digest(state.ema) if state.ema is not None else None,
+            "compilations": self.train_step.compilations,
+        }
+        storage.write_text(
+            storage.join(self.run_dir, "final.json"), json.dumps(summary, indent=2, sort_keys=True)
+        )
+        storage.write_text(storage.join(self.run_dir, "_SUCCESS"), "")
+        if self.wandb:
+            self.wandb.log({f"final/{k}": v for k, v in final.items()}, step=self.total_steps)
+            self.wandb.finish()
+        print(json.dumps({"final_test": final}), file=sys.stderr)
+        return 0
+
+    def _train(self, state: TrainState, start: int, metrics_log: MetricsLog) -> TrainState:
+        from tqdm import tqdm
+
+        tc = self.train_cfg
+        window: list[dict] = []
+        window_start = time.time()
+        progress = tqdm(total=self.total_steps, initial=start, desc="train", unit="step", disable=None)
+        for step in range(start, self.total_steps):
+            cycles = cycles_at(self.batches.epoch_at(step), self.config)
+            exploration = halt_exploration_at(step, self.total_steps, self.config)
+            state, metrics = self.train_step(state, self.batches.batch(step).as_dict(), exploration, cycles)
+            window.append(metrics)
+            done = step + 1
+            progress.update(1)
+            if done % self.log_every == 0 or done == self.total_steps:
+                record = self._train_record(done, window, time.time() - window_start, cycles, exploration)
+                metrics_log.add(record)
+                if self.wandb:
+                    self.wandb.log({f"train/{k}": v for k, v in record.items()}, step=done)
+                window, window_start = [], time.time()
+            end_of_interval = done % self.batches.batches_per_iter == 0 and done < self.total_steps
+            if end_of_interval:
+                evaluation = self._evaluate(state, limit=tc["eval_subset"])
+                metrics_log.add(
+                    {
+                        "kind": "eval",
+                        "split": "test",
+                        "subset": tc["eval_subset"],
+                        "step": done,
+                        "epoch": self.batches.epoch_at(done),
+                        **evaluation,
+                    }
+                )
+                progress.write(f"step {done}: eval exact_accuracy {evaluation['exact_accuracy']:.4f}")
+            if end_of_interval or (self.checkpoints.due(done) and done < self.total_steps):
+                metrics_log.flush()
+                self._save(state, done, window_start)
+            if self._stop_signal is not None:
+                break
+        progress.close()
+        return state
+
+    def _train_record(self, step: int, window: list[dict], seconds: float, cycles, exploration) -> dict:
+        sums = {k: float(sum(np.asarray(m[k]) for m in window)) for k in window[0]}
+        examples = len(window) * self.train_cfg["global_batch_size"]
+        count = max(sums["count"], 1.0)
+        return {
+            "kind": "train",
+            "step": step,
+            "epoch": self.batches.epoch_at(step),
+            "lr": float(self.lr(step)),
+            "examples_per_s": examples / max(seconds, 1e-9),
+            "lm_loss": sums["lm_loss"] / examples,
+            "q_halt_loss": sums["q_halt_loss"] / examples,
+            "count": sums["count"],
+            **{k: sums[k] / count for k in ("accuracy", "exact_accuracy", "q_halt_accuracy", "steps")},
+            "H_cycles": cycles[0],
+            "L_cycles": cycles[1],
+            "halt_exploration_prob": float(exploration),
+        }
+
+    def _evaluate(self, state: TrainState, limit: int | None) -> dict:
+        """Metrics of the final supervision step, averaged over the real (unpadded) test puzzles."""
+        sums: dict[str, float] = {}
+        for batch in eval_batches(self.test_split, self.train_cfg["global_batch_size"], limit):
+            for k, v in self.eval_step(state, batch.as_dict()).items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+        count = max(sums.pop("count"), 1.0)
+        return {"count": count, **{k: v / count for k, v in sums.items()}}
+
+    def _save(self, state: TrainState, step: int, started: float) -> None:
+        record = {
+            "config_hash": config_hash(self.config),
+            "epoch": self.batches.epoch_at(step),
+            "wall_seconds": time.time() - started,
+        }
+        self.checkpoints.save(step, state, record)
+
+    def _install_signal_handlers(self) -> None:
+        def stop(signum, _frame):
+            self._stop_signal = signum
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, stop)
+
+
+def _check_compatible(train_meta: dict, test_meta: dict) -> None:
+    for key in ("vocab_size", "seq_len", "num_puzzle_identifiers", "pad_id", "ignore_label_id"):
+        if train_meta.get(key) != test_meta.get(key):
+            raise UserError(
+                f"dataset splits disagree on {key}: train {train_meta.get(key)} vs test {test_meta.get(key)}"
+            )
+
+
+def _start_wandb(config: dict, run_dir: str):
+    try:
+        import wandb
+    except ImportError as err:
+        raise UserError("--wandb needs the wandb package: pip install wandb") from err
+    run_id = f"trm-{config_hash(config)}"
+    return wandb.init(
+        project="trm-study", id=run_id, name=run_id, resume="allow", config=config, notes=f"run dir {run_dir}"
+    )
