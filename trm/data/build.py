@@ -51,7 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="FILE, DIR, hf:OWNER/REPO or generate:N (see above)",
     )
     parser.add_argument("--test-source", default=None, help="a CSV file to use, whole, as the test split")
-    parser.add_argument("--output-dir", default="data/sudoku-extreme-full", help="dataset folder to create")
+    parser.add_argument(
+        "--output-dir",
+        default="data/sudoku-extreme-full",
+        help="dataset folder to create (default: %(default)s)",
+    )
     parser.add_argument(
         "--subsample-size", type=int, default=None, help="train puzzles to keep (default: all)"
     )
@@ -79,8 +83,8 @@ def _filter_difficulty(puzzles: Puzzles, min_difficulty: int, split: str) -> Puz
 
 
 def subsample(puzzles: Puzzles, size: int | None, seed: int, stream: int, split: str) -> Puzzles:
-    """The first `size` puzzles of a seeded permutation (all, in file order, if size is None or all of them)."""
-    if size is None or size == len(puzzles):
+    """The first `size` puzzles of a seeded permutation (all, in file order, if size is None)."""
+    if size is None:
         return puzzles
     if size > len(puzzles):
         raise UserError(f"subsample size {size} exceeds the {len(puzzles)} puzzles of the {split} split")
