@@ -127,3 +127,15 @@ def test_metrics_count_only_halted_rows_with_labels():
     assert float(metrics["steps"]) == 3 + 16 + 7
     # The padded row still enters the loss with a zero CE (divisor max(count, 1)).
     assert np.isfinite(float(metrics["lm_loss"]))
+
+
+def test_padding_rows_add_nothing_to_the_losses():
+    """Evaluation pads the last batch with label-less rows; they must not change any loss or metric sum."""
+    logits, labels = random_case(batch=3, seed=5)
+    padded_labels = labels.copy()
+    padded_labels[2] = -100
+    halted = np.ones(3, bool)
+    _, full = act_loss(*make(logits, padded_labels, halted), global_batch_size=3)
+    _, real = act_loss(*make(logits[:2], labels[:2], halted[:2]), global_batch_size=3)
+    for key in real:
+        np.testing.assert_allclose(float(full[key]), float(real[key]), rtol=1e-6, err_msg=key)

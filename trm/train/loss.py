@@ -68,7 +68,10 @@ def act_loss(
     q_halt = outputs.q_halt_logits.astype(jnp.float32)
     target = seq_is_correct.astype(jnp.float32)
     # Numerically stable BCE with logits: max(x, 0) - x*t + log(1 + exp(-|x|)).
-    q_halt_loss = jnp.sum(jnp.maximum(q_halt, 0) - q_halt * target + jnp.log1p(jnp.exp(-jnp.abs(q_halt))))
+    bce = jnp.maximum(q_halt, 0) - q_halt * target + jnp.log1p(jnp.exp(-jnp.abs(q_halt)))
+    # Rows without labels (evaluation padding) count as "exactly right" in the original and add a spurious
+    # BCE term; they are left out here. Training batches have no such rows, so training is unchanged.
+    q_halt_loss = jnp.sum(jnp.where(counts > 0, bce, 0.0))
 
     total = (lm_loss + 0.5 * q_halt_loss) / global_batch_size
 

@@ -1,0 +1,250 @@
+"""End-to-end tests of `trm train`: outputs, exact resume after kill and preemption, learning, schedules."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trm.cli import main as trm
+
+TINY = {
+    "arch.hidden_size": 32,
+    "arch.num_heads": 2,
+    "arch.L_layers": 1,
+    "arch.H_cycles": 2,
+    "arch.L_cycles": 2,
+    "arch.forward_dtype": "float32",
+    "train.global_batch_size": 8,
+    "train.eval_subset": 8,
+    "optim.lr_warmup_steps": 5,
+}
+
+
+def _sets(values: dict) -> list[str]:
+    return [f"--set={k}={v}" for k, v in values.items()]
+
+
+def _easy_csv(path: Path, puzzles: int, blanks: int, seed: int) -> None:
+    """Puzzles made from one valid grid with a few blanks: learnable by a tiny model in seconds."""
+    rng = np.random.default_rng(seed)
+    solution = [(3 * (r % 3) + r // 3 + c) % 9 + 1 for r in range(9) for c in range(9)]
+    answer = "".join(map(str, solution))
+    lines = ["source,question,answer,rating"]
+    for _ in range(puzzles):
+        question = list(answer)
+        for cell in rng.choice(81, size=blanks, replace=False):
+            question[cell] = "."
+        lines.append(f"easy,{''.join(question)},{answer},0")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _staged(tmp: Path, source: str, num_aug: int) -> str:
+    assert (
+        trm(
+            [
+                "build-dataset",
+                "--source",
+                source,
+                "--num-aug",
+                str(num_aug),
+                "--seed",
+                "3",
+                "--output-dir",
+                str(tmp / "built"),
+            ]
+        )
+        == 0
+    )
+    url = f"file://{tmp / 'staged'}"
+    assert trm(["stage", str(tmp / "built"), url]) == 0
+    return url
+
+
+@pytest.fixture(scope="session")
+def easy_data(tmp_path_factory) -> str:
+    tmp = tmp_path_factory.mktemp("easy")
+    _easy_csv(tmp / "easy.csv", puzzles=60, blanks=6, seed=0)
+    return _staged(tmp, str(tmp / "easy.csv"), num_aug=4)
+
+
+def _train_cmd(data: str, run_dir: Path, cache: Path, extra: dict) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "trm.cli",
+        "train",
+        "--config",
+        "config/base.yaml",
+        "--data",
+        data,
+        "--run-dir",
+        str(run_dir),
+        "--cache-dir",
+        str(cache),
+        "--log-every",
+        "5",
+        *_sets({**TINY, **extra}),
+    ]
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def _final(run_dir: Path) -> dict:
+    return json.loads((run_dir / "final.json").read_text())
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _latest_checkpoint(run_dir: Path) -> int:
+    steps = [int(p.name) for p in (run_dir / "ckpt").glob("*") if p.name.isdigit()]
+    return max(steps, default=-1)
+
+
+# 48 train groups x 10 epochs / 8 = 60 steps per evaluation interval, 120 steps in all.
+RESUME = {"train.epochs": 20, "train.eval_interval": 10, "train.checkpoint_every_steps": 10}
+
+
+def test_kill_and_preemption_resume_exactly(easy_data, tmp_path):
+    reference = tmp_path / "reference"
+    done = _run(_train_cmd(easy_data, reference, tmp_path / "cache", RESUME))
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = _records(reference)
+    assert (reference / "_SUCCESS").exists()
+    assert [r["step"] for r in records if r["kind"] == "train"] == list(range(5, 121, 5))
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [(e["step"], e["subset"]) for e in evals] == [(60, 8), (120, None)]
+    assert evals[-1]["count"] == 12  # the whole test split (20% of 60 puzzles)
+    assert _final(reference)["compilations"] == 1  # no recompilation after the first step
+
+    # Kill -9 at some moment after the first checkpoint, then SIGTERM (preemption) the resumed run.
+    run = tmp_path / "interrupted"
+    cmd = _train_cmd(easy_data, run, tmp_path / "cache", RESUME)
+    for sig, expected_rc in ((signal.SIGKILL, -signal.SIGKILL), (signal.SIGTERM, 42)):
+        before = _latest_checkpoint(run) if (run / "ckpt").exists() else -1
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.time() + 240
+            while not (run / "ckpt").exists() or _latest_checkpoint(run) <= before:
+                assert proc.poll() is None, proc.stderr.read()[-3000:]
+                assert time.time() < deadline
+                time.sleep(0.02)
+            proc.send_signal(sig)
+            proc.wait(timeout=120)
+        finally:
+            proc.kill()
+        assert proc.returncode == expected_rc, proc.stderr.read()[-3000:]
+        assert not (run / "_SUCCESS").exists()
+        assert 0 < _latest_checkpoint(run) < 120
+
+    finished = _run(cmd)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert "resuming from step" in finished.stderr
+    assert _final(run)["params_sha256"] == _final(reference)["params_sha256"]
+    assert _final(run)["ema_sha256"] == _final(reference)["ema_sha256"]
+    assert _final(run)["test"] == _final(reference)["test"]
+
+    # The metrics file of the resumed run holds each record once, as if never interrupted.
+    def without_speed(rs):
+        return [{k: v for k, v in r.items() if k != "examples_per_s"} for r in rs]
+
+    assert without_speed(_records(run)) == without_speed(records)
+
+
+def test_a_tiny_model_learns(easy_data, tmp_path):
+    run = tmp_path / "learn"
+    extra = {
+        "arch.hidden_size": 64,
+        "arch.halt_max_steps": 4,
+        "train.epochs": 40,
+        "train.eval_interval": 20,
+        "optim.lr": 3e-3,
+        "optim.ema": False,
+        "train.eval_steps": 4,
+        "optim.weight_decay": 0.1,
+    }
+    done = _run(_train_cmd(easy_data, run, tmp_path / "cache", extra))
+    assert done.returncode == 0, done.stderr[-3000:]
+    train = [r for r in _records(run) if r["kind"] == "train"]
+    assert train[-1]["lm_loss"] < 0.5 * train[0]["lm_loss"]
+    # Chance is 1/9 per cell; copying the givens alone is not enough to be exact on unseen test puzzles.
+    assert _final(run)["test"]["accuracy"] > 0.6
+
+
+def test_curriculum_changes_depth_during_training(easy_data, tmp_path):
+    curriculum = {
+        "train.epochs": 8,
+        "train.eval_interval": 4,
+        "arch.H_cycles": 3,
+        "arch.L_cycles": 3,
+        "schedules.curriculum.enabled": True,
+        "schedules.curriculum.start_H_cycles": 1,
+        "schedules.curriculum.start_L_cycles": 1,
+        "schedules.curriculum.epochs": 6,
+    }
+    done = _run(_train_cmd(easy_data, tmp_path / "run", tmp_path / "cache", curriculum))
+    assert done.returncode == 0, done.stderr[-3000:]
+    depths = [(r["H_cycles"], r["L_cycles"]) for r in _records(tmp_path / "run") if r["kind"] == "train"]
+    assert depths[0] < (3, 3) and depths[-1] == (3, 3) and depths == sorted(depths)
+    # One compiled step per distinct depth, and no others.
+    assert _final(tmp_path / "run")["compilations"] == len(set(depths)) > 2
+
+
+def test_exploration_probability_reaches_the_compiled_step(easy_data, tmp_path):
+    """With a Q head that halts every row at once, exploration (a traced input) keeps rows running."""
+    import jax.numpy as jnp
+
+    from trm.config import load_config
+    from trm.data.format import load_split
+    from trm.data.verify import fetch_dataset
+    from trm.model.config import ModelConfig
+    from trm.train.data import TrainBatches
+    from trm.train.step import Model, TrainStep, init_state
+
+    config = load_config("config/base.yaml", [f"{k}={v}" for k, v in TINY.items()], base=None)
+    split = load_split(fetch_dataset(easy_data, tmp_path / "cache"), "train")
+    model = Model(ModelConfig.from_dict(config["arch"], split.metadata), seed=0)
+    batch = TrainBatches(split, 8, 1, seed=0).batch(0).as_dict()
+    step = TrainStep(model, config, total_steps=10)
+    halted = {}
+    for prob in (0.0, 1.0):
+        state = init_state(model, config, 10, 8)
+        q_head = dict(state.params["q_head"], bias=jnp.array([5.0, -5.0]))  # q_halt > 0: halt now
+        state = state._replace(params=dict(state.params, q_head=q_head))
+        state, _ = step(state, batch, jnp.float32(prob), (2, 2))
+        halted[prob] = state.carry.halted
+    assert bool(halted[0.0].all())  # Q halting alone: every row stops after one step
+    assert not bool(halted[1.0].any())  # exploration on every row: each must run at least 2 steps
+    assert step.compilations == 1  # a new probability is a new input, not a new program
+
+
+def test_bad_config_is_rejected_before_training(easy_data, tmp_path):
+    run = tmp_path / "bad"
+    done = _run(_train_cmd(easy_data, run, tmp_path / "cache", {"arch.hidden_size": 30, "arch.num_heads": 4}))
+    assert done.returncode == 2
+    assert "arch.hidden_size" in done.stderr
+    assert not run.exists()
+
+
+def test_run_dir_refuses_a_different_config(easy_data, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"train": {}}))
+    done = _run(_train_cmd(easy_data, run, tmp_path / "cache", {"train.epochs": 2, "train.eval_interval": 1}))
+    assert done.returncode == 2
+    assert "config.json" in done.stderr and "--run-dir" in done.stderr
+    assert os.listdir(run) == ["config.json"]
