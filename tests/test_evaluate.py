@@ -1,0 +1,182 @@
+"""`trm evaluate`: multi-count pass vs separate runs and the trainer's own evaluation, devices, outputs, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from trm.cli import main as trm
+from trm.train.evaluate import evaluate, load_eval_split
+from trm.train.weights import load_weights
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = {
+    "arch.hidden_size": 32,
+    "arch.num_heads": 2,
+    "arch.L_layers": 1,
+    "arch.H_cycles": 2,
+    "arch.L_cycles": 2,
+    "arch.forward_dtype": "float32",
+    "train.global_batch_size": 8,
+    "train.eval_subset": 8,
+    "train.epochs": 4,
+    "train.eval_interval": 4,
+    "train.checkpoint_every_steps": 1000,
+    "optim.lr_warmup_steps": 5,
+    "optim.lr": 1e-3,
+}
+
+
+def _easy_csv(path: Path, puzzles: int, blanks: int, seed: int) -> None:
+    """Puzzles made from one valid grid with a few blanks: a tiny model learns some of them in seconds."""
+    rng = np.random.default_rng(seed)
+    solution = [(3 * (r % 3) + r // 3 + c) % 9 + 1 for r in range(9) for c in range(9)]
+    answer = "".join(map(str, solution))
+    lines = ["source,question,answer,rating"]
+    for _ in range(puzzles):
+        question = list(answer)
+        for cell in rng.choice(81, size=blanks, replace=False):
+            question[cell] = "."
+        lines.append(f"easy,{''.join(question)},{answer},0")
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> dict:
+    """A tiny model trained 24 steps by `trm train` on a staged dataset of easy puzzles."""
+    tmp = tmp_path_factory.mktemp("evaluate")
+    _easy_csv(tmp / "easy.csv", puzzles=60, blanks=4, seed=0)
+    built = tmp / "built"
+    assert trm(["build-dataset", "--source", str(tmp / "easy.csv"), "--num-aug", "4", "--seed", "3"]
+               + ["--output-dir", str(built)]) == 0  # fmt: skip
+    staged = f"file://{tmp / 'staged'}"
+    assert trm(["stage", str(built), staged]) == 0
+    run = tmp / "run"
+    sets = [f"--set={k}={v}" for k, v in TINY.items()]
+    cache = tmp / "cache"
+    args = ["train", "--config", str(REPO / "config/base.yaml"), "--data", staged, "--run-dir", str(run)]
+    assert trm([*args, "--cache-dir", str(cache), *sets]) == 0
+    return {"tmp": tmp, "csv": tmp / "easy.csv", "built": built, "staged": staged, "run": run, "cache": cache}
+
+
+def test_multi_count_pass_equals_separate_runs_and_the_trainers_evaluation(trained):
+    weights = load_weights(str(trained["run"]))
+    assert weights.source == "ema"
+    split = load_eval_split(str(trained["built"]), "test", str(trained["cache"]))
+    multi = evaluate(weights, split, (4, 16, 32), batch_size=16, progress=False)
+    single = evaluate(weights, split, (16,), batch_size=16, progress=False)
+    assert [r["steps"] for r in multi] == [4, 16, 32]
+    assert multi[1] == single[0]
+    assert multi[0] != multi[1]  # more steps change the answers of a barely trained model
+
+    # The trainer evaluated the same EMA weights after eval_steps = 16, in batches of 8.
+    final = json.loads((trained["run"] / "final.json").read_text())["test"]
+    assert single[0]["count"] == final["count"] == len(split.inputs)
+    for key in ("exact_accuracy", "accuracy", "q_halt_accuracy", "lm_loss", "q_halt_loss"):
+        assert single[0][key] == pytest.approx(final[key], rel=1e-5, abs=1e-7), key
+    assert 0 < single[0]["accuracy"] < 1
+    for record in multi:
+        assert 1 <= record["mean_halt_step"] <= record["steps"]
+        assert 0 <= record["halted_fraction"] <= 1
+
+
+def test_subset_and_padding(trained):
+    weights = load_weights(str(trained["run"]))
+    split = load_eval_split(str(trained["built"]), "test", str(trained["cache"]))
+    # 7 puzzles in batches of 4: the last batch has a padding row, which must count nowhere.
+    padded = evaluate(weights, split, (3,), batch_size=4, subset=7, progress=False)
+    whole = evaluate(weights, split, (3,), batch_size=7, subset=7, progress=False)
+    assert padded[0]["count"] == 7
+    for key, value in whole[0].items():
+        assert padded[0][key] == pytest.approx(value, rel=1e-6), key
+
+
+def _evaluate_cli(trained, out: Path, data: str, extra: list[str] = ()) -> dict:
+    args = ["evaluate", "--checkpoint", str(trained["run"]), "--data", data, "--steps", "2,6"]
+    assert (
+        trm([*args, "--batch-size", "6", "--cache-dir", str(trained["cache"]), "--out", str(out), *extra])
+        == 0
+    )
+    return json.loads(out.read_text())
+
+
+def test_cli_outputs_on_staged_dataset_and_csv(trained, tmp_path):
+    summary = _evaluate_cli(trained, tmp_path / "staged.json", trained["staged"])
+    assert summary["weights"] == "ema" and summary["split"] == "test"
+    assert [r["steps"] for r in summary["results"]] == [2, 6]
+    rows = (tmp_path / "staged.csv").read_text().splitlines()
+    assert rows[0].split(",")[:4] == ["steps", "count", "exact_accuracy", "accuracy"]
+    assert [float(x) for x in rows[2].split(",")[:4]] == [
+        summary["results"][1][k] for k in ("steps", "count", "exact_accuracy", "accuracy")
+    ]
+    # The CSV the dataset was built from: every puzzle, train and test, read directly.
+    from_csv = _evaluate_cli(trained, tmp_path / "csv.json", str(trained["csv"]))
+    assert from_csv["split"] == "csv" and from_csv["results"][0]["count"] == 60
+
+
+def test_same_results_on_one_and_two_devices(trained, tmp_path):
+    assert jax.local_device_count() == 1
+    one = _evaluate_cli(trained, tmp_path / "one.json", str(trained["built"]))
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    cmd = [sys.executable, "-m", "trm.cli", "evaluate", "--checkpoint", str(trained["run"])]
+    cmd += [
+        "--data",
+        str(trained["built"]),
+        "--steps",
+        "2,6",
+        "--batch-size",
+        "6",
+        "--out",
+        str(tmp_path / "two.json"),
+    ]
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    two = json.loads((tmp_path / "two.json").read_text())
+    assert (one["devices"], two["devices"]) == (1, 2)
+    # Per-puzzle outcomes are identical; the float32 per-puzzle losses may differ in the last bit, since
+    # XLA may order a reduction differently for a shard of 3 rows than for 6.
+    for a, b in zip(one["results"], two["results"], strict=True):
+        assert {k: v for k, v in a.items() if "loss" not in k} == {
+            k: v for k, v in b.items() if "loss" not in k
+        }
+        assert (a["lm_loss"], a["q_halt_loss"]) == pytest.approx((b["lm_loss"], b["q_halt_loss"]), rel=1e-6)
+
+
+def test_bad_input(trained, tmp_path, capsys):
+    base = ["evaluate", "--cache-dir", str(trained["cache"]), "--out", str(tmp_path / "out.json")]
+
+    def fails(*args: str) -> str:
+        assert trm([*base, *args]) == 2
+        return capsys.readouterr().err
+
+    err = fails("--checkpoint", str(tmp_path / "nope"), "--data", str(trained["built"]))
+    assert "nope: no such checkpoint" in err
+    err = fails("--checkpoint", str(trained["run"]), "--data", str(trained["built"]), "--steps", "0,16")
+    assert "--steps" in err
+
+    # Another vocabulary: the dataset's metadata disagrees with the checkpoint's embedding table.
+    other = tmp_path / "other"
+    shutil.copytree(trained["built"], other)
+    meta_path = other / "test" / "dataset.json"
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "vocab_size": 12}))
+    err = fails("--checkpoint", str(trained["run"]), "--data", str(other))
+    assert "vocab_size = 12" in err and "has vocab_size = 11" in err
+
+    # Another architecture: config.json says hidden_size 64, the checkpoint's arrays are 32 wide.
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    config = json.loads((run / "config.json").read_text())
+    config["arch"]["hidden_size"] = 64
+    (run / "config.json").write_text(json.dumps(config))
+    err = fails("--checkpoint", str(run), "--data", str(trained["built"]))
+    assert "another architecture" in err and "embed_tokens" in err
+    assert not (tmp_path / "out.json").exists()
