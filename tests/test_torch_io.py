@@ -201,3 +201,34 @@ def test_import_refusals_exit_2_and_write_nothing(tmp_path, capsys):
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     assert "not a readable PyTorch checkpoint" in fails(tmp_path / "junk.pt")
     assert not (tmp_path / "out").exists()
+
+
+def test_trm_train_fine_tunes_an_imported_run_dir(tmp_path):
+    """`trm train` resumes from the imported step-0 checkpoint: training starts from the imported weights."""
+    torch = pytest.importorskip("torch", reason="PyTorch (the 'torch' extra) is not installed")
+    solution = "".join(str((3 * (r % 3) + r // 3 + c) % 9 + 1) for r in range(9) for c in range(9))
+    rows = [solution[:i] + "." + solution[i + 1 :] for i in range(0, 80, 4)]
+    (tmp_path / "p.csv").write_text("question,answer\n" + "".join(f"{q},{solution}\n" for q in rows))
+    assert trm(["build-dataset", "--source", str(tmp_path / "p.csv"), "--num-aug", "1", "--output-dir", str(tmp_path / "d")]) == 0  # fmt: skip
+    assert trm(["stage", str(tmp_path / "d"), f"file://{tmp_path / 'staged'}"]) == 0
+
+    config = _config(
+        **{"arch.L_layers": 1, "train.epochs": 1, "train.eval_interval": 1, "train.eval_subset": 4}
+    )
+    model = Model(_model_cfg(config), seed=8)
+    sd = params_to_state_dict(model.init_params, model.init_puzzle_emb, model.init_buffers)
+    torch.save({k: torch.from_numpy(np.array(v, np.float32)) for k, v in sd.items()}, tmp_path / "orig.pt")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    run = tmp_path / "run"
+    assert trm(["import-torch", str(tmp_path / "orig.pt"), "--config", str(tmp_path / "config.json"), "--out", str(run)]) == 0  # fmt: skip
+
+    args = ["train", "--config", str(run / "config.json"), "--data", f"file://{tmp_path / 'staged'}"]
+    assert trm([*args, "--run-dir", str(run), "--cache-dir", str(tmp_path / "cache")]) == 0
+    final = json.loads((run / "final.json").read_text())
+    assert final["steps"] >= 1
+    trained = load_weights(str(run))
+    assert trained.step == final["steps"]
+    # Warm-up makes the first updates tiny: the fine-tuned weights stay next to the imported ones.
+    imported, tuned = model.init_params["lm_head"]["weight"], trained.params["lm_head"]["weight"]
+    assert not np.array_equal(imported, tuned)
+    np.testing.assert_allclose(tuned, imported, atol=1e-3)

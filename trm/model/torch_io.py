@@ -215,7 +215,7 @@ def write_torch_file(state_dict: dict[str, np.ndarray], path: str | Path) -> Non
     torch = _import_torch()
     tensors = {}
     for key, value in state_dict.items():
-        value = np.ascontiguousarray(value)
+        value = np.array(value, order="C")  # a writable copy: torch refuses to share read-only memory
         if value.dtype == ml_dtypes.bfloat16:
             tensors[key] = torch.from_numpy(value.view(np.int16)).view(torch.bfloat16)
         else:
