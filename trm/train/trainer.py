@@ -9,6 +9,13 @@ final.json (final evaluation on the full test split, parameter digests) and _SUC
 Running the same command again after a kill or preemption continues from the latest checkpoint and ends with
 the same parameters as an uninterrupted run. SIGTERM/SIGINT save a checkpoint and exit with code 42.
 Exit codes: 0 finished, 2 bad input, 42 stopped early (resumable).
+
+Multi-host (one process per host, see `trm launch` and trm/launch/distributed.py): every process runs this
+same command with the same config. Process 0 writes config.json, metrics.jsonl, final.json and _SUCCESS; every
+process verifies it holds the same config and code as the others, trains on its own rows of each global batch,
+writes logs/host-{i}.log and takes part in every checkpoint. SIGTERM to any host (a preemption notice) makes all
+hosts save at one agreed step and exit 42. Any other failure ends the process at once with a non-zero code, and
+the other hosts follow within a heartbeat timeout. `--run-dir` may contain `{config_hash}`.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +39,14 @@ from trm.config import config_hash, dump_config, load_config
 from trm.data.format import load_split
 from trm.data.verify import fetch_dataset
 from trm.errors import UserError
+from trm.launch import distributed
 from trm.model.config import ModelConfig
 from trm.train.checkpoint import Checkpointer
 from trm.train.data import TrainBatches, eval_batches
+from trm.train.hostlog import HostLog
 from trm.train.optim import dense_lr_schedule
 from trm.train.schedule import cycles_at, halt_exploration_at
-from trm.train.step import EvalStep, Model, TrainState, TrainStep, init_state
+from trm.train.step import EvalStep, Model, TrainState, TrainStep, check_batch_layout, init_state
 
 EXIT_PREEMPTED = 42
 DEFAULT_CACHE = os.environ.get("TRM_CACHE_DIR", str(Path.home() / ".cache" / "trm" / "datasets"))
@@ -57,7 +67,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="override one config value, e.g. --set train.epochs=10 (repeatable)",
     )
     parser.add_argument("--data", required=True, help="URL of the staged dataset (gs://, file:// or a path)")
-    parser.add_argument("--run-dir", required=True, help="URL of the run directory (created if missing)")
+    parser.add_argument(
+        "--run-dir",
+        required=True,
+        help="URL of the run directory (created if missing); {config_hash} is replaced by the config's hash",
+    )
     parser.add_argument(
         "--cache-dir",
         default=DEFAULT_CACHE,
@@ -69,15 +83,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also log to Weights & Biases (needs the wandb package; WANDB_MODE=offline works)",
     )
+    distributed.add_arguments(parser)
 
 
 def main(args: argparse.Namespace) -> int:
+    options = distributed.options_from_args(args)
+    distributed.initialize(options)  # before anything touches a device
+    host_log = HostLog()
+    try:
+        if options.mode == "off":
+            return _train(args, host_log)
+        return _train_as_host(args, host_log)
+    finally:
+        host_log.close()
+
+
+def _train(args: argparse.Namespace, host_log: HostLog) -> int:
     config = load_config(
         args.config, args.set, base=None if args.config.endswith(".json") else _default_base()
     )
     if args.log_every < 1:
         raise UserError(f"--log-every {args.log_every}: must be >= 1")
-    return Trainer(config, args.data, args.run_dir, args.cache_dir, args.log_every, args.wandb).run()
+    run_dir = args.run_dir.replace("{config_hash}", config_hash(config))
+    trainer = Trainer(config, args.data, run_dir, args.cache_dir, args.log_every, args.wandb, host_log)
+    return trainer.run()
+
+
+def _train_as_host(args: argparse.Namespace, host_log: HostLog) -> int:
+    """One process of a multi-host job. Failures end the process at once (os._exit, no Python cleanup):
+    a normal exit would wait in JAX's shutdown barrier for hosts that may be blocked in a collective.
+    The other hosts then fail on the lost heartbeat. Success and preemption exit normally, all together."""
+    try:
+        return _train(args, host_log)
+    except UserError as err:
+        print(f"trm train: error: {err}", file=sys.stderr)
+        code = err.exit_code
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    print(f"host {jax.process_index()} exits with code {code}", file=sys.stderr)
+    host_log.close()
+    os._exit(code)
 
 
 def _default_base():
@@ -87,23 +133,30 @@ def _default_base():
 
 
 def params_digest(tree: Any) -> str:
-    """sha256 over the bytes of every leaf in a fixed order: equal digests mean bit-identical parameters."""
+    """sha256 over the bytes of every leaf in a fixed order: equal digests mean bit-identical parameters.
+
+    Hashes this process's own copy of replicated arrays, so hosts can compare their copies.
+    """
     digest = hashlib.sha256()
     for path, leaf in sorted(
         jax.tree_util.tree_leaves_with_path(tree), key=lambda kv: jax.tree_util.keystr(kv[0])
     ):
         digest.update(jax.tree_util.keystr(path).encode())
-        digest.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+        digest.update(np.ascontiguousarray(distributed.local_copy(leaf)).tobytes())
     return digest.hexdigest()
 
 
 class MetricsLog:
-    """metrics.jsonl in the run dir, rewritten whole at each flush (GCS objects cannot be appended to)."""
+    """metrics.jsonl in the run dir, rewritten whole at each flush (GCS objects cannot be appended to).
 
-    def __init__(self, url: str, resume_step: int) -> None:
+    Only the writer (process 0) reads or writes the file; on other hosts the log is inert.
+    """
+
+    def __init__(self, url: str, resume_step: int, writer: bool = True) -> None:
         self.url = url
+        self.writer = writer
         self.records: list[dict] = []
-        if storage.exists(url):
+        if writer and storage.exists(url):
             # Drop records written after the checkpoint we resume from: they will be written again.
             for line in storage.read_text(url).splitlines():
                 if line.strip() and json.loads(line)["step"] <= resume_step:
@@ -113,63 +166,102 @@ class MetricsLog:
         self.records.append(record)
 
     def flush(self) -> None:
-        storage.write_text(self.url, "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.records))
+        if self.writer:
+            storage.write_text(self.url, "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.records))
 
 
 class Trainer:
     def __init__(
-        self, config: dict, data_url: str, run_dir: str, cache_dir: str, log_every: int, use_wandb: bool
+        self,
+        config: dict,
+        data_url: str,
+        run_dir: str,
+        cache_dir: str,
+        log_every: int,
+        use_wandb: bool,
+        host_log: HostLog | None = None,
     ) -> None:
         self.config = config
         self.run_dir = run_dir
         self.log_every = log_every
         self.train_cfg = config["train"]
+        self.host_log = host_log
+        self.process_index, self.process_count = jax.process_index(), jax.process_count()
+        self.is_writer = self.process_index == 0
+        self.mesh = distributed.data_mesh()
+        tc = self.train_cfg
+        check_batch_layout(tc["global_batch_size"], tc["micro_batches"], self.mesh.size)
         self._check_run_dir()
+        if host_log is not None:
+            host_log.attach(storage.join(run_dir, "logs", f"host-{self.process_index}.log"))
+        print(
+            f"host {self.process_index} of {self.process_count}: {jax.local_device_count()} of "
+            f"{jax.device_count()} devices, config {config_hash(config)}, code {distributed.code_version()}",
+            file=sys.stderr,
+        )
 
-        dataset_dir = fetch_dataset(data_url, cache_dir)
+        dataset_dir = fetch_dataset(data_url, cache_dir)  # every host reads its own local copy
         self.train_split = load_split(dataset_dir, "train")
         self.test_split = load_split(dataset_dir, "test")
         self.model_cfg = ModelConfig.from_dict(config["arch"], self.train_split.metadata)
         _check_compatible(self.train_split.metadata, self.test_split.metadata)
 
-        tc = self.train_cfg
         self.batches = TrainBatches(
-            self.train_split, tc["global_batch_size"], tc["eval_interval"], tc["seed"]
+            self.train_split,
+            tc["global_batch_size"],
+            tc["eval_interval"],
+            tc["seed"],
+            self.process_index,
+            self.process_count,
         )
         self.total_steps = (tc["epochs"] // tc["eval_interval"]) * self.batches.batches_per_iter
         self.lr = dense_lr_schedule(config["optim"], self.total_steps)
         self.model = Model(self.model_cfg, seed=tc["seed"])
-        self.train_step = TrainStep(self.model, config, self.total_steps)
-        self.eval_step = EvalStep(self.model, tc["eval_steps"])
+        self.train_step = TrainStep(self.model, config, self.total_steps, self.mesh)
+        self.eval_step = EvalStep(self.model, tc["eval_steps"], self.mesh)
         self.checkpoints = Checkpointer(
             storage.join(run_dir, "ckpt"),
             keep=tc["keep_checkpoints"],
             every_steps=tc["checkpoint_every_steps"],
         )
-        self.wandb = _start_wandb(config, run_dir) if use_wandb else None
+        self.wandb = _start_wandb(config, run_dir) if use_wandb and self.is_writer else None
         self._stop_signal: int | None = None
 
     def _check_run_dir(self) -> None:
-        """A run dir belongs to one config: refuse to resume a run under a different one."""
+        """A run dir belongs to one config, and every host must train that same config with the same code.
+
+        Every host reads config.json (not just process 0: there is no shared filesystem on a pod), and each
+        check is agreed by a collective, so all hosts fail together with the same message.
+        """
+        own = config_hash(self.config)
+        distributed.check_hosts_agree(
+            "config hash and code version", f"config {own}, code {distributed.code_version()}"
+        )
         url = storage.join(self.run_dir, "config.json")
-        if storage.exists(url):
-            existing = json.loads(storage.read_text(url))
-            if config_hash(existing) != config_hash(self.config):
-                raise UserError(
-                    f"{url} holds config {config_hash(existing)}, not this run's {config_hash(self.config)}: "
-                    "use a new --run-dir for a different config"
-                )
-        else:
+        existing = _config_hash_at(url)
+        distributed.check_hosts_agree(f"the config hash found in {url}", str(existing))
+        if existing is not None and existing != own:
+            raise UserError(
+                f"{url} holds config {existing}, not this run's {own}: use a new --run-dir for a different config"
+            )
+        if existing is None and self.is_writer:
             storage.write_text(url, dump_config(self.config))
+        if self.process_count > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("config.json written")
+            distributed.check_hosts_agree(f"the config hash read back from {url}", str(_config_hash_at(url)))
 
     def run(self) -> int:
-        state = init_state(self.model, self.config, self.total_steps, self.train_cfg["global_batch_size"])
+        state = init_state(
+            self.model, self.config, self.total_steps, self.train_cfg["global_batch_size"], self.mesh
+        )
         start = self.checkpoints.latest_step()
         if start is not None:
             state, _ = self.checkpoints.restore(start, state)
             print(f"resuming from step {start} of {self.total_steps}", file=sys.stderr)
         start = start or 0
-        metrics_log = MetricsLog(storage.join(self.run_dir, "metrics.jsonl"), start)
+        metrics_log = MetricsLog(storage.join(self.run_dir, "metrics.jsonl"), start, writer=self.is_writer)
         self._install_signal_handlers()
         started = time.time()
         state = self._train(state, start, metrics_log)
@@ -194,19 +286,32 @@ class Trainer:
         metrics_log.flush()
         self._save(state, self.total_steps, started)
         self.checkpoints.wait()
+        # Every host's own copy of the parameters, so a test (or a user) can see that all replicas agree.
+        host_params = distributed.gather_strings(params_digest(state.params))
+        host_ema = distributed.gather_strings(params_digest(state.ema)) if state.ema is not None else None
         summary = {
             "config_hash": config_hash(self.config),
+            "code_version": distributed.code_version(),
+            "processes": self.process_count,
+            "devices": jax.device_count(),
             "steps": self.total_steps,
             "epochs": self.batches.epoch_at(self.total_steps),
             "test": final,
-            "params_sha256": params_digest(state.params),
-            "ema_sha256": params_digest(state.ema) if state.ema is not None else None,
+            "params_sha256": host_params[0],
+            "ema_sha256": host_ema[0] if host_ema else None,
+            "hosts_params_sha256": host_params,
+            "hosts_ema_sha256": host_ema,
             "compilations": self.train_step.compilations,
         }
-        storage.write_text(
-            storage.join(self.run_dir, "final.json"), json.dumps(summary, indent=2, sort_keys=True)
-        )
-        storage.write_text(storage.join(self.run_dir, "_SUCCESS"), "")
+        if self.process_count > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("checkpoints committed")
+        if self.is_writer:
+            storage.write_text(
+                storage.join(self.run_dir, "final.json"), json.dumps(summary, indent=2, sort_keys=True)
+            )
+            storage.write_text(storage.join(self.run_dir, "_SUCCESS"), "")
         if self.wandb:
             self.wandb.log({f"final/{k}": v for k, v in final.items()}, step=self.total_steps)
             self.wandb.finish()
@@ -219,7 +324,13 @@ class Trainer:
         tc = self.train_cfg
         window: list[dict] = []
         window_start = time.time()
-        progress = tqdm(total=self.total_steps, initial=start, desc="train", unit="step", disable=None)
+        progress = tqdm(
+            total=self.total_steps,
+            initial=start,
+            desc="train",
+            unit="step",
+            disable=None if self.is_writer else True,
+        )
         for step in range(start, self.total_steps):
             cycles = cycles_at(self.batches.epoch_at(step), self.config)
             exploration = halt_exploration_at(step, self.total_steps, self.config)
@@ -250,7 +361,9 @@ class Trainer:
             if end_of_interval or (self.checkpoints.due(done) and done < self.total_steps):
                 metrics_log.flush()
                 self._save(state, done, window_start)
-            if self._stop_signal is not None:
+            if self.host_log is not None:
+                self.host_log.maybe_flush()
+            if self._stop_requested(done):
                 break
         progress.close()
         return state
@@ -277,7 +390,14 @@ class Trainer:
     def _evaluate(self, state: TrainState, limit: int | None) -> dict:
         """Metrics of the final supervision step, averaged over the real (unpadded) test puzzles."""
         sums: dict[str, float] = {}
-        for batch in eval_batches(self.test_split, self.train_cfg["global_batch_size"], limit):
+        batches = eval_batches(
+            self.test_split,
+            self.train_cfg["global_batch_size"],
+            limit,
+            self.process_index,
+            self.process_count,
+        )
+        for batch in batches:
             for k, v in self.eval_step(state, batch.as_dict()).items():
                 sums[k] = sums.get(k, 0.0) + float(v)
         count = max(sums.pop("count"), 1.0)
@@ -292,11 +412,31 @@ class Trainer:
         self.checkpoints.save(step, state, record)
 
     def _install_signal_handlers(self) -> None:
+        """One process: SIGTERM/SIGINT set a flag checked after each step. Several: JAX's preemption service
+        catches SIGTERM on any host and `_stop_requested` makes all hosts stop after the same step."""
+        if self.process_count > 1:
+            return
+
         def stop(signum, _frame):
             self._stop_signal = signum
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, stop)
+
+    def _stop_requested(self, done: int) -> bool:
+        if self.process_count > 1:
+            from jax.experimental import multihost_utils
+
+            if multihost_utils.reached_preemption_sync_point(done):
+                self._stop_signal = signal.SIGTERM
+        return self._stop_signal is not None
+
+
+def _config_hash_at(url: str) -> str | None:
+    """Hash of the config stored at `url`, None when there is none."""
+    if not storage.exists(url):
+        return None
+    return config_hash(json.loads(storage.read_text(url)))
 
 
 def _check_compatible(train_meta: dict, test_meta: dict) -> None:

@@ -1,0 +1,241 @@
+"""Multi-host setup: `jax.distributed` initialisation, the data-parallel mesh and checks across hosts.
+
+A TPU v4-64 is 8 processes (one per host) x 4 devices. Every process runs the same program; parameters are
+replicated over a one-axis mesh "data" of all devices, batches are split over it, and each process builds
+only its own rows of a global batch. On a TPU VM `jax.distributed.initialize()` detects the slice by itself
+(`--distributed-auto` or TRM_DISTRIBUTED=auto); on CPU (tests, the local launcher) the coordinator address,
+process count and process id come from flags or TRM_COORDINATOR, TRM_NUM_PROCESSES, TRM_PROCESS_ID.
+
+Timeouts are short on purpose: a dead host must bring the others down within about a heartbeat timeout
+instead of leaving them blocked in a collective (platform.md §4.2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import subprocess
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trm.errors import UserError
+
+DATA_AXIS = "data"
+ENV_DISTRIBUTED = "TRM_DISTRIBUTED"
+ENV_COORDINATOR = "TRM_COORDINATOR"
+ENV_NUM_PROCESSES = "TRM_NUM_PROCESSES"
+ENV_PROCESS_ID = "TRM_PROCESS_ID"
+ENV_HEARTBEAT_TIMEOUT = "TRM_HEARTBEAT_TIMEOUT"
+ENV_INIT_TIMEOUT = "TRM_INIT_TIMEOUT"
+ENV_SHUTDOWN_TIMEOUT = "TRM_SHUTDOWN_TIMEOUT"
+
+
+@dataclass(frozen=True)
+class DistributedOptions:
+    """How this process joins the job. mode: "off" (one process), "auto" (TPU VM) or "explicit"."""
+
+    mode: str
+    coordinator: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    heartbeat_timeout: int = 60
+    init_timeout: int = 300
+    shutdown_timeout: int = 60
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("multi-host (default: one process; flags override TRM_* variables)")
+    group.add_argument(
+        "--distributed-auto",
+        action="store_true",
+        help=f"join a TPU slice, detected automatically (or {ENV_DISTRIBUTED}=auto)",
+    )
+    group.add_argument("--coordinator", help=f"HOST:PORT of process 0 (or {ENV_COORDINATOR})")
+    group.add_argument("--num-processes", type=int, help=f"number of processes (or {ENV_NUM_PROCESSES})")
+    group.add_argument("--process-id", type=int, help=f"this process, 0..N-1 (or {ENV_PROCESS_ID})")
+    group.add_argument(
+        "--heartbeat-timeout",
+        type=int,
+        help=f"seconds before a silent host is declared dead ({ENV_HEARTBEAT_TIMEOUT})",
+    )
+    group.add_argument(
+        "--init-timeout", type=int, help=f"seconds to wait for all hosts to join ({ENV_INIT_TIMEOUT})"
+    )
+    group.add_argument(
+        "--shutdown-timeout", type=int, help=f"seconds to wait for all hosts at exit ({ENV_SHUTDOWN_TIMEOUT})"
+    )
+
+
+def _int_setting(flag_value: int | None, env: str, flag: str, default: int | None) -> int | None:
+    if flag_value is not None:
+        return flag_value
+    text = os.environ.get(env, "").strip()
+    if not text:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise UserError(f"{env}={text!r}: expected an integer (or pass {flag})") from None
+
+
+def options_from_args(args: argparse.Namespace) -> DistributedOptions:
+    """The distributed settings of `args` (see `add_arguments`), completed from the environment."""
+    coordinator = args.coordinator or os.environ.get(ENV_COORDINATOR) or None
+    auto = args.distributed_auto or os.environ.get(ENV_DISTRIBUTED, "").strip().lower() == "auto"
+    timeouts = {
+        "heartbeat_timeout": _int_setting(
+            args.heartbeat_timeout, ENV_HEARTBEAT_TIMEOUT, "--heartbeat-timeout", 60
+        ),
+        "init_timeout": _int_setting(args.init_timeout, ENV_INIT_TIMEOUT, "--init-timeout", 300),
+        "shutdown_timeout": _int_setting(
+            args.shutdown_timeout, ENV_SHUTDOWN_TIMEOUT, "--shutdown-timeout", 60
+        ),
+    }
+    for name, value in timeouts.items():
+        if value < 1:
+            raise UserError(f"--{name.replace('_', '-')} {value}: must be >= 1 second")
+    if auto:
+        return DistributedOptions("auto", **timeouts)
+    num_processes = _int_setting(args.num_processes, ENV_NUM_PROCESSES, "--num-processes", None)
+    process_id = _int_setting(args.process_id, ENV_PROCESS_ID, "--process-id", None)
+    if coordinator is None:
+        if num_processes not in (None, 1) or process_id not in (None, 0):
+            raise UserError(
+                f"--num-processes/--process-id need --coordinator HOST:PORT (or {ENV_COORDINATOR})"
+            )
+        return DistributedOptions("off", **timeouts)
+    if num_processes is None or process_id is None:
+        raise UserError(
+            f"--coordinator {coordinator} needs --num-processes and --process-id "
+            f"(or {ENV_NUM_PROCESSES} and {ENV_PROCESS_ID})"
+        )
+    if num_processes < 1 or not 0 <= process_id < num_processes:
+        raise UserError(f"--process-id {process_id} must lie in 0..{num_processes - 1} (--num-processes)")
+    return DistributedOptions("explicit", coordinator, num_processes, process_id, **timeouts)
+
+
+def initialize(options: DistributedOptions) -> None:
+    """Join the job. Call before anything touches a device; does nothing for mode "off"."""
+    if options.mode == "off":
+        return
+    import jax
+
+    timeouts = {
+        "initialization_timeout": options.init_timeout,
+        "heartbeat_timeout_seconds": options.heartbeat_timeout,
+        "shutdown_timeout_seconds": options.shutdown_timeout,
+    }
+    if options.mode == "auto":
+        jax.distributed.initialize(**timeouts)
+    else:
+        jax.distributed.initialize(
+            coordinator_address=options.coordinator,
+            num_processes=options.num_processes,
+            process_id=options.process_id,
+            **timeouts,
+        )
+
+
+def data_mesh():
+    """A one-axis mesh over every device of the job, each process's devices contiguous and in process order.
+
+    Contiguity makes process i's rows of a global batch the contiguous block i (see trm/train/data.py).
+    """
+    import jax
+    from jax.sharding import Mesh
+
+    devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    return Mesh(np.array(devices), (DATA_AXIS,))
+
+
+def replicated(mesh):
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def batch_sharded(mesh):
+    """Rows (axis 0) split over the "data" axis; every other axis whole."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    return NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+
+
+def put_global(value: Any, sharding) -> Any:
+    """A global array from `value`, which every process holds whole and identical (e.g. initial parameters)."""
+    import jax
+
+    host = np.asarray(value)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def put_host_rows(rows: dict[str, np.ndarray], mesh) -> dict[str, Any]:
+    """Global batch arrays from this process's contiguous block of rows (the other processes hold the rest)."""
+    import jax
+
+    sharding = batch_sharded(mesh)
+    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in rows.items()}
+
+
+def local_copy(array: Any) -> np.ndarray:
+    """This process's own copy of a replicated array (for digests and logs; never crosses hosts)."""
+    shards = getattr(array, "addressable_shards", None)
+    return np.asarray(shards[0].data if shards else array)
+
+
+def gather_strings(value: str) -> list[str]:
+    """`value` of every process, in process order (a collective: every process must call it)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return [value]
+    from jax.experimental import multihost_utils
+
+    data = value.encode()
+    if len(data) > 256:
+        data = hashlib.sha256(data).hexdigest().encode()
+    padded = np.frombuffer(data.ljust(256, b"\0"), np.uint8)
+    gathered = np.asarray(multihost_utils.process_allgather(padded))
+    return [bytes(row).rstrip(b"\0").decode() for row in gathered.reshape(-1, 256)]
+
+
+def check_hosts_agree(what: str, value: str) -> None:
+    """Raise UserError on every process, naming the hosts whose `value` differs from host 0's."""
+    values = gather_strings(value)
+    differ = [i for i, v in enumerate(values) if v != values[0]]
+    if differ:
+        detail = "; ".join(f"host {i} has {values[i]}" for i in differ)
+        raise UserError(f"hosts disagree on {what}: host 0 has {values[0]}; {detail}")
+
+
+def code_version() -> str:
+    """Package version plus, in a git checkout, the commit and a digest of uncommitted changes to trm/."""
+    try:
+        version = metadata.version("trm-study")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    repo = Path(__file__).resolve().parents[2]
+    try:
+        sha = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        diff = subprocess.run(
+            ["git", "-C", str(repo), "diff", "HEAD", "--", "trm"],
+            capture_output=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return version
+    # Uncommitted changes to the package are part of the version: hosts with different edits must not agree.
+    changes = f".dirty.{hashlib.sha256(diff).hexdigest()[:8]}" if diff else ""
+    return f"{version}+git.{sha}{changes}"

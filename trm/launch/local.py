@@ -1,0 +1,153 @@
+"""The local backend: a multi-host job as H processes on this machine, each with D CPU devices.
+
+Each process runs `trm train <train args>` with JAX_PLATFORMS=cpu, JAX_NUM_CPU_DEVICES=D and, for H > 1, the
+coordinator 127.0.0.1:<free port>, its process id and short failure timeouts in TRM_* variables (see
+trm/launch/distributed.py); H = 1 is a plain single-process run. Output is streamed line by line with a
+"[host i]" prefix. When a host fails the others are killed; SIGTERM and SIGINT are forwarded to every host as
+SIGTERM (a preemption notice: all hosts save at one step and exit 42).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from trm.launch import distributed
+
+EXIT_PREEMPTED = 42
+# Short on purpose: on one machine a silent host is dead, and tests must not wait minutes for it.
+LOCAL_TIMEOUTS = {
+    distributed.ENV_HEARTBEAT_TIMEOUT: "10",
+    distributed.ENV_SHUTDOWN_TIMEOUT: "10",
+    distributed.ENV_INIT_TIMEOUT: "60",
+}
+PREEMPTED_GRACE_S = 60.0  # how long the other hosts may take to follow one that stopped with code 42
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def host_environment(base: dict[str, str], hosts: int, devices: int, index: int, port: int) -> dict[str, str]:
+    """The environment of host `index`: CPU devices and, for several hosts, how to reach the coordinator."""
+    env = dict(base)
+    env["JAX_PLATFORMS"] = "cpu"
+    env["JAX_NUM_CPU_DEVICES"] = str(devices)
+    env["PYTHONUNBUFFERED"] = "1"
+    for name in (distributed.ENV_DISTRIBUTED, distributed.ENV_COORDINATOR):
+        env.pop(name, None)
+    if hosts == 1:
+        env.pop(distributed.ENV_NUM_PROCESSES, None)
+        env.pop(distributed.ENV_PROCESS_ID, None)
+        return env
+    env[distributed.ENV_COORDINATOR] = f"127.0.0.1:{port}"
+    env[distributed.ENV_NUM_PROCESSES] = str(hosts)
+    env[distributed.ENV_PROCESS_ID] = str(index)
+    for name, value in LOCAL_TIMEOUTS.items():
+        env.setdefault(name, value)
+    return env
+
+
+def _stream(index: int, proc: subprocess.Popen, lock: threading.Lock) -> None:
+    for line in proc.stdout:
+        with lock:
+            sys.stdout.write(f"[host {index}] {line}")
+            sys.stdout.flush()
+
+
+def _exit_code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode  # killed by signal N -> 128 + N, as shells do
+
+
+def run(hosts: int, devices_per_host: int, train_args: list[str]) -> int:
+    """Run `trm train train_args` on `hosts` local processes; 0 if all succeed, 42 if preempted, else a failure."""
+    port = free_port()
+    command = [sys.executable, "-m", "trm.cli", "train", *train_args]
+    lock = threading.Lock()
+    procs: list[subprocess.Popen] = []
+    threads: list[threading.Thread] = []
+
+    def forward(signum, _frame):
+        with lock:
+            print(f"[launch] signal {signum}: asking every host to save and stop", flush=True)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for index in range(hosts):
+            proc = subprocess.Popen(
+                command,
+                env=host_environment(dict(os.environ), hosts, devices_per_host, index, port),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                start_new_session=True,  # a terminal's Ctrl-C reaches the launcher only; it forwards SIGTERM
+            )
+            procs.append(proc)
+            thread = threading.Thread(target=_stream, args=(index, proc, lock), daemon=True)
+            thread.start()
+            threads.append(thread)
+        codes, first_failure = _supervise(procs, lock)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        for thread in threads:
+            thread.join(timeout=5)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    with lock:
+        print(f"[launch] host exit codes: {codes}", flush=True)
+    if first_failure is not None:
+        return codes[first_failure]
+    if any(c not in (0, EXIT_PREEMPTED) for c in codes):  # killed while lingering after a preemption
+        return next(c for c in codes if c not in (0, EXIT_PREEMPTED))
+    return EXIT_PREEMPTED if EXIT_PREEMPTED in codes else 0
+
+
+def _supervise(procs: list[subprocess.Popen], lock: threading.Lock) -> tuple[list[int], int | None]:
+    """Wait for every host; kill the others as soon as one fails, or when they linger after a preemption.
+
+    Returns every host's exit code and the index of the first host that failed (None if none did).
+    """
+    first_failure: int | None = None
+    preempted_at: float | None = None
+    while any(p.poll() is None for p in procs):
+        for index, proc in enumerate(procs):
+            code = proc.poll()
+            if code is None or code == 0:
+                continue
+            if code == EXIT_PREEMPTED:
+                preempted_at = preempted_at or time.time()
+            elif first_failure is None:
+                first_failure = index
+                with lock:
+                    print(
+                        f"[launch] host {index} failed with code {_exit_code(code)}: stopping the others",
+                        flush=True,
+                    )
+        lingering = preempted_at is not None and time.time() - preempted_at > PREEMPTED_GRACE_S
+        if first_failure is not None or lingering:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+        time.sleep(0.1)
+    return [_exit_code(p.returncode) for p in procs], first_failure
+
+
+def launch(args: argparse.Namespace, train_args: list[str]) -> int:
+    """Entry point of the registry in trm/launch/cli.py."""
+    return run(args.hosts, args.devices_per_host, train_args)
