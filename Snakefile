@@ -1,0 +1,25 @@
+# The TRM scaling study: 67 experiments from raw puzzles to scaling plots (config/README.md, workflow section).
+#   snakemake -n                                  plan, with estimated accelerator-hours per training job
+#   snakemake all                                 everything: datasets, runs, table, plots
+#   snakemake --config experiments=[exp01a]       one experiment (or groups=[exp01] for one group)
+#   snakemake --report results/report.html        HTML report with the plots and the table
+# Settings: config/config.yaml (local defaults), profiles/default/ (applied everywhere).
+
+configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/analysis.smk"
+
+
+report: "workflow/report/workflow.rst"
+
+
+
+rule all:
+    input:
+        TABLE_FILES,
+        expand(PLOT_FILES, group=SELECTED_GROUPS, ext=["png", "svg"]),
+    default_target: True

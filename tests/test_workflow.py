@@ -1,0 +1,300 @@
+"""The Snakemake workflow: the plan of the study (dry runs through the Snakemake API), bad settings rejected at parse
+time, the smoke scale keeping each group's varied dimension, cost estimates, lint, and one end-to-end run of two
+tiny experiments through every rule to the HTML report, then idempotent reruns."""
+
+from __future__ import annotations
+
+import collections
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from snakemake.api import SnakemakeApi
+from snakemake.settings.types import (
+    ConfigSettings,
+    DAGSettings,
+    OutputSettings,
+    Quietness,
+    ResourceSettings,
+)
+
+from trm.analysis.estimate import model_costs, run_flops, training_steps
+from trm.analysis.plan import dataset_name, plan_study
+from trm.cli import main as trm_main
+from trm.config import load_groups
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    """A copy of the workflow and its config, so a test can edit files and write results in isolation."""
+    root = tmp_path / "study"
+    root.mkdir()
+    shutil.copy(REPO / "Snakefile", root)
+    for folder in ("workflow", "config", "profiles"):
+        shutil.copytree(REPO / folder, root / folder)
+    return root
+
+
+def planned_jobs(
+    workdir: Path, config: dict | None = None, targets: set[str] | None = None
+) -> collections.Counter:
+    """Dry-run the workflow; count the jobs that would run, per kind, from the files they would write."""
+    updated: list[str] = []
+    with SnakemakeApi(OutputSettings(quiet={Quietness.ALL})) as api:
+        workflow = api.workflow(
+            resource_settings=ResourceSettings(cores=2),
+            config_settings=ConfigSettings(config=config or {}),
+            snakefile=workdir / "Snakefile",
+            workdir=workdir,
+        )
+        workflow.dag(DAGSettings(targets=targets or set())).execute_workflow(
+            executor="dryrun", updated_files=updated
+        )
+    kinds = collections.Counter()
+    for path in map(Path, updated):
+        if path.name == "final.json":
+            kinds["train"] += 1
+        elif path.parent.name == "datasets":
+            kinds["build_dataset"] += 1
+        elif path.parent.name == "staged":
+            kinds["stage_dataset"] += 1
+        elif path.parent.name == "eval":
+            kinds["evaluate"] += 1
+        elif path.parent.name == "plots" and path.suffix == ".png":
+            kinds["plot_group"] += 1
+        elif path.name == "table.csv":
+            kinds["aggregate"] += 1
+    return kinds
+
+
+def parse_error(workdir: Path, config: dict | None = None) -> str:
+    with pytest.raises(Exception) as info:  # noqa: B017 (Snakemake wraps parse errors in several types)
+        planned_jobs(workdir, config)
+    return str(info.value)
+
+
+# ----------------------------------------------------------------------------------------------- the plan
+
+
+def test_dry_run_of_all_plans_67_trainings_on_10_datasets(workdir):
+    jobs = planned_jobs(workdir)
+    assert jobs == {
+        "build_dataset": 10,
+        "stage_dataset": 10,
+        "train": 67,
+        "evaluate": 67,
+        "aggregate": 1,
+        "plot_group": 14,
+    }
+
+
+def test_one_experiment_by_output_path_or_config_and_one_group(workdir):
+    by_path = planned_jobs(workdir, targets={"results/smoke/runs/exp06_f/final.json"})
+    assert by_path == {"build_dataset": 1, "stage_dataset": 1, "train": 1}
+    by_config = planned_jobs(workdir, {"experiments": ["exp01a"]})
+    assert by_config == {
+        "build_dataset": 1,
+        "stage_dataset": 1,
+        "train": 1,
+        "evaluate": 1,
+        "aggregate": 1,
+        "plot_group": 1,
+    }
+    assert planned_jobs(workdir, {"groups": ["exp04a"]})["train"] == 6
+    assert planned_jobs(workdir, {"groups": ["exp04a"]})["build_dataset"] == 6
+
+
+def test_dry_run_prints_estimated_accelerator_hours_per_training_job(workdir):
+    result = subprocess.run(
+        [SNAKEMAKE, "-n", "--config", "groups=[exp06]"],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    output = result.stdout + result.stderr
+    estimates = {
+        line.split("train ")[1].split(":")[0]: float(line.split("estimated ")[1].split()[0])
+        for line in output.splitlines()
+        if ": train exp06" in line
+    }
+    assert sorted(estimates) == [f"exp06_{x}" for x in "abcdef"]
+    # Same epochs and data: the same examples and FLOPs whatever the batch (each job gets its own figure).
+    assert max(estimates.values()) == pytest.approx(min(estimates.values()), rel=0.2)
+    assert "6 experiments in 1 groups" in output and "CPU core-hours" in output
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+
+
+def test_misspelt_key_in_an_experiment_file_names_file_key_and_allowed_keys(workdir):
+    (workdir / "config/experiments/exp01a.yaml").write_text("arch:\n  hiden_size: 256\n")
+    message = parse_error(workdir)
+    assert "config/experiments/exp01a.yaml" in message
+    assert "arch.hiden_size" in message and "did you mean 'arch.hidden_size'" in message
+    assert "num_heads" in message  # the allowed keys
+
+
+def test_wrong_type_in_an_experiment_file_is_rejected(workdir):
+    (workdir / "config/experiments/exp06_a.yaml").write_text("train:\n  global_batch_size: big\n")
+    message = parse_error(workdir)
+    assert "exp06_a.yaml" in message and "train.global_batch_size" in message and "an integer" in message
+
+
+def test_unknown_experiment_or_group_lists_the_allowed_ids(workdir):
+    message = parse_error(workdir, {"experiments": ["exp01z"]})
+    assert "exp01z" in message and "did you mean" in message and "exp10e" in message
+    message = parse_error(workdir, {"groups": ["exp11"]})
+    assert "exp11" in message and "contrib02" in message
+
+
+def test_bad_workflow_settings_are_rejected(workdir):
+    message = parse_error(workdir, {"scael": "smoke"})
+    assert "unknown key 'scael'" in message and "scale" in message and "storage" in message
+    message = parse_error(workdir, {"scale": "huge"})
+    assert "huge" in message and "smoke" in message and "paper" in message
+    message = parse_error(workdir, {"launch": {"hosts": "two"}})
+    assert "two" in message and "integer" in message
+    # Ids reach file paths and shell commands.
+    message = parse_error(workdir, {"experiments": ["exp01a; rm -rf /"]})
+    assert "exp01a; rm -rf /" in message and "^[a-z0-9_]+$" in message
+
+
+def test_experiment_file_with_a_bad_id_is_rejected(workdir):
+    shutil.copy(workdir / "config/experiments/exp01a.yaml", workdir / "config/experiments/Exp-01.yaml")
+    message = parse_error(workdir)
+    assert "Exp-01.yaml" in message and "^[a-z0-9_]+$" in message
+
+
+def test_lint_is_clean():
+    result = subprocess.run([SNAKEMAKE, "--lint"], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Congratulations, your workflow is in a good condition!" in result.stdout + result.stderr
+
+
+# ------------------------------------------------------------------------------------------ scales and costs
+
+
+def test_smoke_scale_keeps_what_each_group_varies():
+    paper = {e.id: e.config for e in plan_study("paper")}
+    smoke = {e.id: e.config for e in plan_study("smoke")}
+
+    def values(configs, group):
+        return [tuple(_get(configs[m], key) for key in group["varies"]) for m in group["members"]]
+
+    for group in load_groups():
+        paper_values, smoke_values = values(paper, group), values(smoke, group)
+        assert len(set(smoke_values)) == len(set(paper_values)) == len(group["members"]), group["id"]
+        # The order of the varied values is kept too (ranks of each key across members).
+        for k in range(len(group["varies"])):
+            paper_k, smoke_k = [v[k] for v in paper_values], [v[k] for v in smoke_values]
+            if all(isinstance(v, int | float) and not isinstance(v, bool) for v in paper_k):
+                assert sorted(range(len(paper_k)), key=paper_k.__getitem__) == sorted(
+                    range(len(smoke_k)), key=smoke_k.__getitem__
+                ), (group["id"], group["varies"][k])
+    widths = [smoke[f"exp01{x}"]["arch"]["hidden_size"] for x in "abcdef"]
+    assert [w * 16 for w in widths] == [paper[f"exp01{x}"]["arch"]["hidden_size"] for x in "abcdef"]
+
+
+def test_smoke_datasets_map_one_to_one_and_scale_changes_the_hash():
+    paper, smoke = plan_study("paper"), plan_study("smoke")
+    pairs = {(p.dataset, s.dataset) for p, s in zip(paper, smoke, strict=True)}
+    assert len({p for p, _ in pairs}) == len({s for _, s in pairs}) == len(pairs) == 10
+    assert dataset_name(paper[0].config) == "p1000-a1000"
+    assert all(p.hash != s.hash for p, s in zip(paper, smoke, strict=True))
+    baselines = {e.hash for e in smoke if e.id in {g["baseline"] for g in load_groups()}}
+    assert len(baselines) == 1  # every group's baseline is the same smoke run config
+
+
+def test_estimate_matches_the_spec_flops_of_a_paper_baseline_run():
+    baseline = next(e.config for e in plan_study("paper", ["exp01c"]))
+    costs = model_costs(baseline)
+    training = (
+        training_steps(baseline)
+        * baseline["train"]["global_batch_size"]
+        * costs["train_flops_per_example_step"]
+    )
+    assert training == pytest.approx(2.136e18, rel=0.01)  # spec trm.md §13.3, MLP-T training
+    # Ten evaluations of 16 steps on 423,168 test puzzles add about 81% (spec §13.3); ours evaluates 9 on 8192.
+    assert run_flops(baseline, costs, 423_168) > training
+
+
+def _get(config: dict, dotted: str):
+    for key in dotted.split("."):
+        config = config[key]
+    return config
+
+
+# -------------------------------------------------------------------------------------------- collect-run
+
+
+def test_collect_run_refuses_an_unfinished_run(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("config.json", "metrics.jsonl", "final.json"):
+        (run / name).write_text("{}\n")
+    assert trm_main(["collect-run", str(run), str(tmp_path / "local")]) == 2
+    assert "no _SUCCESS" in capsys.readouterr().err
+    assert not (tmp_path / "local" / "final.json").exists()
+    (run / "_SUCCESS").write_text("")
+    assert trm_main(["collect-run", str(run), str(tmp_path / "local")]) == 0
+    assert sorted(p.name for p in (tmp_path / "local").iterdir()) == [
+        "config.json",
+        "final.json",
+        "metrics.jsonl",
+    ]
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+
+
+def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_nothing(workdir):
+    config = ["--config", "experiments=[exp01a,exp04a_100]"]
+    run = subprocess.run(
+        [SNAKEMAKE, "--cores", "2", *config], cwd=workdir, capture_output=True, text=True, timeout=900
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    results = workdir / "results/smoke"
+    table = pd.read_csv(results / "table.csv")
+    assert list(table["id"]) == ["exp01a", "exp04a_100"]
+    assert table.loc[0, "varied"] == "hidden_size=16, num_heads=4"
+    assert table.loc[1, "data.train_puzzles"] == 2
+    assert (table["parameter_count"] > 0).all() and (table["wall_time_s"] > 0).all()
+    assert table["test_exact_accuracy"].between(0, 1).all()
+    assert pd.read_parquet(results / "table.parquet")["id"].tolist() == ["exp01a", "exp04a_100"]
+    for group in ("exp01", "exp04a"):
+        assert (results / f"plots/{group}.png").stat().st_size > 1000
+        assert "<svg" in (results / f"plots/{group}.svg").read_text()
+    # The run dir in storage is named by the config hash, and holds the resolved config.
+    run_config = json.loads((results / "runs/exp01a/config.json").read_text())
+    assert (workdir / f"results/storage/smoke/runs/exp01a-{table.loc[0, 'config_hash']}/_SUCCESS").exists()
+    assert run_config["arch"]["hidden_size"] == 16
+
+    report = subprocess.run(
+        [SNAKEMAKE, *config, "--report", "report.html"],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert report.returncode == 0, report.stderr[-4000:]
+    html = (workdir / "report.html").read_text()
+    assert "exp01.png" in html and "table.csv" in html
+
+    again = subprocess.run(
+        [SNAKEMAKE, "-n", *config], cwd=workdir, capture_output=True, text=True, check=True
+    )
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+    # Changing one experiment reruns it, its evaluation, the table and the plots; not the other experiment.
+    exp_file = workdir / "config/experiments/exp01a.yaml"
+    exp_file.write_text(exp_file.read_text().replace("num_heads: 4", "num_heads: 2"))
+    jobs = planned_jobs(workdir, {"experiments": ["exp01a", "exp04a_100"]})
+    assert jobs == {"train": 1, "evaluate": 1, "aggregate": 1, "plot_group": 2}

@@ -1,0 +1,143 @@
+"""Gather every run of the study into one table (CSV and Parquet) and the evaluation curves (CSV).
+
+    trm aggregate --results results/smoke --groups config/groups.yaml --devices 1 \
+        --peak-flops 5e10 --utilization 0.1 --test-puzzles 32 --output results/smoke/table exp01a exp01b ...
+
+Reads, per experiment id, RESULTS/runs/<id>/config.json (the resolved config), RESULTS/eval/<id>.json
+(`trm run-metrics`) and RESULTS/benchmarks/train/<id>.tsv (Snakemake's benchmark of the training job: wall
+time). Writes OUTPUT.csv, OUTPUT.parquet (one row per run) and OUTPUT-curves.csv (test exact accuracy per
+evaluation). Accelerator-hours are measured wall hours x devices; the estimate column uses the FLOPs model of
+trm.analysis.estimate at the given peak FLOP/s and utilization.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from trm.analysis.estimate import accelerator_hours, model_costs, run_flops
+from trm.config import load_groups
+from trm.errors import UserError
+
+METRIC_COLUMNS = (
+    "test_exact_accuracy",
+    "best_test_exact_accuracy",
+    "test_cell_accuracy",
+    "test_exact_accuracy_raw",
+    "train_exact_accuracy",
+    "train_test_gap",
+    "mean_halt_steps",
+    "halt_steps_variance",
+    "examples_per_second",
+    "step_time_s",
+    "epochs_to_85pct",
+    "steps",
+    "epochs",
+)
+
+
+def _get(config: dict, dotted: str):
+    for key in dotted.split("."):
+        config = config[key]
+    return config
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path}: missing (has the run finished and been evaluated?)") from None
+
+
+def _wall_seconds(path: Path) -> float:
+    """Wall time of the last attempt recorded in a Snakemake benchmark file (column `s`)."""
+    if not path.exists():
+        raise UserError(f"{path}: missing benchmark of the training job")
+    return float(pd.read_csv(path, sep="\t")["s"].iloc[-1])
+
+
+def aggregate(
+    ids: list[str],
+    results: Path,
+    groups_path: Path,
+    devices: int,
+    peak_flops: float,
+    utilization: float,
+    test_puzzles: int,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(runs, curves): one row per run with its config's varied keys, costs and metrics; one row per evaluation."""
+    groups = {
+        m: g for g in load_groups(groups_path, groups_path.parent / "experiments") for m in g["members"]
+    }
+    plot_keys = sorted(
+        {k for g in groups.values() for k in g["varies"]}
+        | {p["x"] for g in groups.values() for p in g["plots"] if "." in p["x"]}
+    )
+    rows, curves = [], []
+    for exp_id in ids:
+        config = _read_json(results / "runs" / exp_id / "config.json")
+        metrics = _read_json(results / "eval" / f"{exp_id}.json")
+        group = groups[exp_id]
+        costs = model_costs(config)
+        flops = run_flops(config, costs, test_puzzles)
+        wall = _wall_seconds(results / "benchmarks" / "train" / f"{exp_id}.tsv")
+        arch = config["arch"]
+        rows.append(
+            {
+                "id": exp_id,
+                "group": group["id"],
+                "baseline": exp_id == group["baseline"],
+                "varied": ", ".join(f"{k.split('.')[-1]}={_get(config, k)}" for k in group["varies"]),
+                "config_hash": metrics["config_hash"],
+                "parameter_count": costs["parameter_count"],
+                "train_flops_per_example_step": costs["train_flops_per_example_step"],
+                "run_flops": flops,
+                "effective_depth": arch["H_cycles"] * (arch["L_cycles"] + 1) * arch["L_layers"],
+                **{m: metrics[m] for m in METRIC_COLUMNS},
+                "wall_time_s": wall,
+                "accelerator_hours": wall * devices / 3600.0,
+                "estimated_accelerator_hours": accelerator_hours(flops, peak_flops, utilization),
+                **{key: _get(config, key) for key in plot_keys},
+            }
+        )
+        curves += [{"id": exp_id, "group": group["id"], **point} for point in metrics["curve"]]
+    return pd.DataFrame(rows), pd.DataFrame(curves, columns=["id", "group", "epoch", "test_exact_accuracy"])
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("ids", nargs="+", help="experiment ids, in table order")
+    parser.add_argument("--results", required=True, type=Path, help="results folder of one scale")
+    parser.add_argument("--groups", required=True, type=Path, help="config/groups.yaml")
+    parser.add_argument("--devices", type=int, default=1, help="devices per run (hosts x devices per host)")
+    parser.add_argument("--peak-flops", type=float, required=True, help="peak FLOP/s of one device")
+    parser.add_argument(
+        "--utilization", type=float, required=True, help="fraction of peak assumed in estimates"
+    )
+    parser.add_argument(
+        "--test-puzzles", type=int, required=True, help="test puzzles of one final evaluation"
+    )
+    parser.add_argument(
+        "--output", required=True, help="output path without suffix (.csv, .parquet, -curves.csv)"
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    runs, curves = aggregate(
+        args.ids,
+        args.results,
+        args.groups,
+        args.devices,
+        args.peak_flops,
+        args.utilization,
+        args.test_puzzles,
+    )
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    runs.to_csv(output.with_suffix(".csv"), index=False)
+    runs.to_parquet(output.with_suffix(".parquet"), index=False)
+    curves.to_csv(output.with_name(output.name + "-curves.csv"), index=False)
+    print(f"wrote {output}.csv and .parquet ({len(runs)} runs) and {output.name}-curves.csv")
+    return 0

@@ -1,0 +1,80 @@
+"""Planned cost of a run from its own FLOPs and batch: parameters, training and evaluation FLOPs, accelerator-hours.
+
+Training: `steps x global_batch_size x` the FLOPs of one supervision step of one example (forward of all
+recursions, backward of the last; spec trm.md §13). Evaluation: after every `eval_interval` epochs,
+`eval_steps` forward supervision steps on each test puzzle (the intermediate ones on `eval_subset` puzzles).
+Accelerator-hours = FLOPs / (peak FLOP/s per device x utilization) / 3600; the number of devices changes the
+wall time, not the device-hours. Compilation and input pipeline time are not included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+SUDOKU_METADATA = {"vocab_size": 11, "seq_len": 81, "num_puzzle_identifiers": 1}
+
+
+def training_steps(config: dict) -> int:
+    """Optimizer steps of a run, as the trainer counts them (whole batches per evaluation interval)."""
+    train = config["train"]
+    per_interval = (config["data"]["train_puzzles"] * train["eval_interval"]) // train["global_batch_size"]
+    return (train["epochs"] // train["eval_interval"]) * per_interval
+
+
+def model_costs(config: dict) -> dict:
+    """Parameter count and per-example FLOPs of one training and one evaluation supervision step."""
+    from trm.model.config import ModelConfig  # imports JAX: only when a cost is not cached
+    from trm.model.flops import count_params, flops_per_example_step, forward_flops_per_example_step
+
+    model = ModelConfig.from_dict(config["arch"], SUDOKU_METADATA)
+    return {
+        "parameter_count": count_params(model),
+        "train_flops_per_example_step": flops_per_example_step(model),
+        "eval_flops_per_example_step": forward_flops_per_example_step(model),
+    }
+
+
+def run_flops(config: dict, costs: dict, test_puzzles: int) -> float:
+    """Training plus evaluation FLOPs of one run."""
+    train = config["train"]
+    training = training_steps(config) * train["global_batch_size"] * costs["train_flops_per_example_step"]
+    evaluations = train["epochs"] // train["eval_interval"]
+    subset = test_puzzles if train["eval_subset"] is None else min(train["eval_subset"], test_puzzles)
+    evaluated = (
+        evaluations - 1
+    ) * subset + test_puzzles  # intermediate evaluations on the subset, final on all
+    return float(training + evaluated * train["eval_steps"] * costs["eval_flops_per_example_step"])
+
+
+def accelerator_hours(flops: float, peak_flops: float, utilization: float) -> float:
+    """Device-hours to execute `flops` at `utilization` of `peak_flops` per device."""
+    return flops / (peak_flops * utilization) / 3600.0
+
+
+class CostCache:
+    """`model_costs` per config hash, kept in a JSON file so that planning needs no JAX import once warm."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.entries: dict[str, dict] = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.changed = False
+
+    def costs(self, config_hash: str, config: dict) -> dict:
+        if config_hash not in self.entries:
+            self.entries[config_hash] = model_costs(config)
+            self.changed = True
+        return self.entries[config_hash]
+
+    def save(self) -> None:
+        """Write the file if anything was added (atomically: a concurrent reader sees the old or new file)."""
+        if not self.changed:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
+        with os.fdopen(fd, "w") as stream:
+            json.dump(self.entries, stream, indent=1, sort_keys=True)
+        os.replace(tmp, self.path)
+        self.changed = False

@@ -1,0 +1,105 @@
+"""The study plan the workflow runs: which experiments, their resolved configs at a scale, and their datasets.
+
+Built at parse time by workflow/rules/common.smk (no checkpoints: every job is known to a dry run). Each
+experiment resolves as config/base.yaml <- config/experiments/<id>.yaml <- the scale's overrides; its config hash
+names its run directory, and (data.train_puzzles, data.num_aug) names the dataset it trains on, so experiments
+sharing a dataset (exp04a_1000 and every baseline) share one build.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+
+from trm.analysis.scale import SMOKE_POOL, scale_overrides
+from trm.config import EXPERIMENTS_DIR, GROUPS_PATH, config_hash, experiment_ids, load_config, load_groups
+from trm.errors import UserError
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One experiment of the study, resolved at a scale."""
+
+    id: str
+    group: str
+    path: Path  # config/experiments/<id>.yaml
+    overrides: tuple[str, ...]  # the scale's `--set` items
+    config: dict  # resolved: base <- experiment file <- overrides
+    hash: str  # config_hash(config): names the run directory
+
+    @property
+    def dataset(self) -> str:
+        return dataset_name(self.config)
+
+    @property
+    def run_name(self) -> str:
+        return f"{self.id}-{self.hash}"
+
+
+def dataset_name(config: dict) -> str:
+    """Name of the dataset a config trains on, e.g. 'p1000-a1000' (training puzzles, augmentations)."""
+    return f"p{config['data']['train_puzzles']}-a{config['data']['num_aug']}"
+
+
+def parse_dataset_name(name: str) -> tuple[int, int]:
+    """(train_puzzles, num_aug) of a dataset name made by `dataset_name`."""
+    puzzles, aug = name.removeprefix("p").split("-a")
+    return int(puzzles), int(aug)
+
+
+def _choose(requested: str | list[str], known: list[str], what: str, source: str) -> list[str]:
+    if requested == "all":
+        return list(known)
+    unknown = [name for name in requested if name not in known]
+    if unknown:
+        hints = [
+            f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+            for name in unknown
+            for close in [difflib.get_close_matches(name, known, n=1)]
+        ]
+        raise UserError(
+            f"{source}: unknown {what} {', '.join(hints)}; allowed: all, or a list of {', '.join(known)}"
+        )
+    return list(requested)
+
+
+def plan_study(
+    scale: str,
+    experiments: str | list[str] = "all",
+    groups: str | list[str] = "all",
+    experiments_dir: str | Path = EXPERIMENTS_DIR,
+    groups_path: str | Path = GROUPS_PATH,
+    source: str = "config/config.yaml",
+) -> list[Experiment]:
+    """The selected experiments (members of the selected groups, among the selected ids) in group order."""
+    table = load_groups(groups_path, experiments_dir)
+    group_of = {member: group["id"] for group in table for member in group["members"]}
+    chosen_groups = _choose(groups, [g["id"] for g in table], "groups", f"{source}: groups")
+    chosen_ids = set(
+        _choose(experiments, experiment_ids(experiments_dir), "experiments", f"{source}: experiments")
+    )
+    selected = [
+        member
+        for group in table
+        if group["id"] in chosen_groups
+        for member in group["members"]
+        if member in chosen_ids
+    ]
+    if not selected:
+        raise UserError(
+            f"{source}: no experiment is both in experiments={experiments} and in a group of groups={groups}"
+        )
+    plan = []
+    for exp_id in selected:
+        path = Path(experiments_dir) / f"{exp_id}.yaml"
+        paper = load_config(path)
+        overrides = tuple(scale_overrides(paper, scale))
+        config = load_config(path, overrides) if overrides else paper
+        if scale == "smoke" and config["data"]["train_puzzles"] > SMOKE_POOL["train"]:
+            raise UserError(
+                f"{path}: data.train_puzzles {paper['data']['train_puzzles']} needs "
+                f"{config['data']['train_puzzles']} smoke puzzles, more than the pool's {SMOKE_POOL['train']}"
+            )
+        plan.append(Experiment(exp_id, group_of[exp_id], path, overrides, config, config_hash(config)))
+    return plan

@@ -1,0 +1,148 @@
+"""Plot one experiment group: its main plots from config/groups.yaml, side by side, as PNG and SVG.
+
+    trm plot-group exp01 --table results/smoke/table --groups config/groups.yaml --output results/smoke/plots/exp01
+
+Reads TABLE.csv and TABLE-curves.csv (`trm aggregate`). Each panel is one `plots:` entry of the group: `line` puts
+the members on x (a config key, a metric or `member`), `pareto` scatters them and draws the front of runs no
+other run beats on both axes, `curve` draws test accuracy over training per member. The group's baseline is
+drawn as a star (a thick black line for curves). A metric the runs did not measure is shown as an empty panel
+saying so.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display on servers and TPU hosts
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from trm.config import load_groups  # noqa: E402
+from trm.errors import UserError  # noqa: E402
+
+# Axis labels with units, for metrics and the config keys the groups plot against.
+LABELS = {
+    "member": "experiment",
+    "parameter_count": "parameters (count)",
+    "effective_depth": "effective depth (layer applications per step)",
+    "examples_per_second": "training throughput (examples/s)",
+    "step_time_s": "training step time (s)",
+    "epoch": "training epochs",
+    "mean_halt_steps": "mean halt steps (supervision steps)",
+    "halt_steps_variance": "halt-step variance (steps²)",
+    "test_exact_accuracy": "test exact accuracy (fraction of puzzles)",
+    "test_exact_accuracy_raw": "test exact accuracy, raw weights (fraction)",
+    "train_exact_accuracy": "train exact accuracy (fraction of puzzles)",
+    "train_test_gap": "train − test exact accuracy (fraction)",
+    "epochs_to_85pct": "epochs to 85% test exact accuracy (epochs)",
+    "data.train_puzzles": "training puzzles (count)",
+    "data.num_aug": "augmentations per puzzle (count)",
+    "train.global_batch_size": "global batch size (examples)",
+}
+
+
+def label(name: str) -> str:
+    return LABELS.get(name, name)
+
+
+def _pareto_front(points: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
+    """Points no other point beats on both x and y (higher is better on both)."""
+    ordered = points.sort_values([x, y], ascending=False)
+    front, best = [], float("-inf")
+    for _, row in ordered.iterrows():
+        if row[y] > best:
+            front.append(row)
+            best = row[y]
+    return pd.DataFrame(front).sort_values(x)
+
+
+def _panel(ax, plot: dict, group: dict, runs: pd.DataFrame, curves: pd.DataFrame) -> None:
+    x, y = plot["x"], plot["y"]
+    ax.set_ylabel(label(y))
+    ax.grid(alpha=0.3)
+    if plot["kind"] == "curve":
+        ax.set_xlabel(label("epoch"))
+        for member in group["members"]:
+            curve = curves[curves["id"] == member].sort_values("epoch")
+            if curve.empty:
+                continue
+            is_base = member == group["baseline"]
+            ax.plot(
+                curve["epoch"],
+                curve[y],
+                marker="o",
+                color="black" if is_base else None,
+                linewidth=2.5 if is_base else 1.2,
+                label=f"{member} (baseline)" if is_base else member,
+            )
+        ax.legend(fontsize="small")
+        return
+    ax.set_xlabel(label(x))
+    points = runs.set_index("id").reindex([m for m in group["members"] if m in set(runs["id"])]).reset_index()
+    if x == "member":
+        points["member"] = range(len(points))
+        ax.set_xticks(
+            points["member"], [f"{i}\n{v}" for i, v in zip(points["id"], points["varied"], strict=True)]
+        )
+        ax.tick_params(axis="x", labelsize="x-small")
+    measured = points.dropna(subset=[x, y])
+    if measured.empty:
+        ax.text(
+            0.5, 0.5, f"{y} was not measured by these runs", ha="center", va="center", transform=ax.transAxes
+        )
+        return
+    if plot["log_x"]:
+        ax.set_xscale("log")
+    if plot["kind"] == "pareto":
+        ax.scatter(measured[x], measured[y], color="tab:blue", zorder=2)
+        front = _pareto_front(measured, x, y)
+        ax.plot(front[x], front[y], color="tab:blue", alpha=0.5, label="Pareto front")
+    else:
+        ax.plot(measured[x], measured[y], marker="o", color="tab:blue", zorder=2)
+    for _, row in measured.iterrows():
+        ax.annotate(
+            row["id"], (row[x], row[y]), fontsize="x-small", textcoords="offset points", xytext=(3, 3)
+        )
+    base = measured[measured["baseline"].astype(bool)]
+    ax.scatter(base[x], base[y], marker="*", s=250, color="tab:red", zorder=3, label="baseline")
+    ax.legend(fontsize="small")
+
+
+def plot_group(
+    group_id: str, runs: pd.DataFrame, curves: pd.DataFrame, groups_path: Path, output: Path
+) -> None:
+    """Write OUTPUT.png and OUTPUT.svg for one group."""
+    groups = {g["id"]: g for g in load_groups(groups_path, groups_path.parent / "experiments")}
+    if group_id not in groups:
+        raise UserError(f"unknown group {group_id!r}: one of {', '.join(groups)}")
+    group = groups[group_id]
+    runs = runs[runs["group"] == group_id]
+    if runs.empty:
+        raise UserError(f"the table has no run of group {group_id}")
+    plots = group["plots"]
+    fig, axes = plt.subplots(1, len(plots), figsize=(6 * len(plots), 4.5), squeeze=False)
+    for ax, plot in zip(axes[0], plots, strict=True):
+        _panel(ax, plot, group, runs, curves[curves["group"] == group_id])
+    fig.suptitle(f"{group_id}: {group['title']}")
+    fig.tight_layout()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    for suffix in (".png", ".svg"):
+        fig.savefig(output.with_suffix(suffix), dpi=120)
+    plt.close(fig)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("group", help="group id, e.g. exp01")
+    parser.add_argument("--table", required=True, help="path of the aggregate table without suffix")
+    parser.add_argument("--groups", required=True, type=Path, help="config/groups.yaml")
+    parser.add_argument("--output", required=True, type=Path, help="output path without suffix (.png, .svg)")
+
+
+def main(args: argparse.Namespace) -> int:
+    runs = pd.read_csv(f"{args.table}.csv")
+    curves = pd.read_csv(f"{args.table}-curves.csv")
+    plot_group(args.group, runs, curves, args.groups, args.output)
+    return 0

@@ -1,0 +1,60 @@
+"""Write a pool of generated Sudoku puzzles as train.csv and test.csv: the offline source of smoke datasets.
+
+    trm smoke-pool --train 100 --test 32 --output-dir results/smoke/pool
+
+The generator makes about 20 puzzles per second, so the smoke study generates one pool and builds each of its
+datasets from it with `trm build-dataset --source DIR --subsample-size N`: subsamples are prefixes of one seeded
+permutation, so the smaller datasets are nested in the larger ones, as in the paper-scale study.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from trm.data.generate import generate_puzzles
+from trm.data.sudoku import Puzzles
+from trm.errors import UserError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--train", type=int, required=True, help="puzzles in train.csv")
+    parser.add_argument("--test", type=int, required=True, help="further, distinct puzzles in test.csv")
+    parser.add_argument("--seed", type=int, default=0, help="generator seed (default: 0)")
+    parser.add_argument("--output-dir", required=True, help="folder to write train.csv and test.csv into")
+
+
+def write_csv(path: Path, puzzles: Puzzles) -> None:
+    """Write puzzles in the Sudoku-Extreme CSV layout (source,question,answer,rating), atomically."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w", newline="") as stream:
+        writer = csv.writer(stream)
+        writer.writerow(["source", "question", "answer", "rating"])
+        for question, answer, rating in zip(puzzles.questions, puzzles.answers, puzzles.ratings, strict=True):
+            writer.writerow(
+                [
+                    "generated",
+                    "".join("." if c == 0 else str(c) for c in question),
+                    "".join(map(str, answer)),
+                    int(rating),
+                ]
+            )
+    os.replace(tmp, path)
+
+
+def main(args: argparse.Namespace) -> int:
+    for flag, value in (("--train", args.train), ("--test", args.test)):
+        if value < 1:
+            raise UserError(f"{flag} must be >= 1, got {value}")
+    puzzles = generate_puzzles(args.train + args.test, args.seed)
+    output = Path(args.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    write_csv(output / "train.csv", puzzles.take(np.arange(args.train)))
+    write_csv(output / "test.csv", puzzles.take(np.arange(args.train, len(puzzles))))
+    print(f"wrote {output}: {args.train} train and {args.test} test puzzles (seed {args.seed})")
+    return 0

@@ -1,0 +1,59 @@
+# Analysis: one table of all selected runs, one plot per group, and the captions the HTML report shows them with.
+
+
+rule aggregate:
+    input:
+        evals=expand(os.path.join(RESULTS, "eval", "{exp}.json"), exp=PLAN),
+        runs=expand(os.path.join(RESULTS, "runs", "{exp}", "config.json"), exp=PLAN),
+        groups="config/groups.yaml",
+    output:
+        csv=report(
+            TABLE_FILES[0],
+            caption="../report/table.rst",
+            category="Table",
+            labels={"table": "all runs"},
+        ),
+        parquet=TABLE_FILES[1],
+        curves=f"{TABLE}-curves.csv",
+    params:
+        trm=TRM,
+        ids=" ".join(PLAN),
+        results=lambda wildcards, output: os.path.dirname(output.csv),
+        table=lambda wildcards, output: output.csv.removesuffix(".csv"),
+        accelerator=(
+            f"--devices {DEVICES} --peak-flops {config['accelerator']['peak_flops']} "
+            f"--utilization {config['accelerator']['utilization']} --test-puzzles {TEST_PUZZLES[config['scale']]}"
+        ),
+    conda:
+        SOFTWARE
+    log:
+        os.path.join(RESULTS, "logs", "aggregate.log"),
+    shell:
+        "{params.trm} aggregate {params.ids} --results {params.results} --groups {input.groups} "
+        "{params.accelerator} --output {params.table} > {log} 2>&1"
+
+
+rule plot_group:
+    input:
+        csv=TABLE_FILES[0],
+        curves=f"{TABLE}-curves.csv",
+        groups="config/groups.yaml",
+    output:
+        png=report(
+            PLOT_FILES.replace("{ext}", "png"),
+            caption="../report/plot.rst",
+            category="Plots",
+            labels={"group": "{group}"},
+        ),
+        svg=PLOT_FILES.replace("{ext}", "svg"),
+    params:
+        trm=TRM,
+        table=lambda wildcards, input: input.csv.removesuffix(".csv"),
+        stem=lambda wildcards, output: output.png.removesuffix(".png"),
+    conda:
+        SOFTWARE
+    log:
+        os.path.join(RESULTS, "logs", "plot", "{group}.log"),
+    shell:
+        "{params.trm} plot-group {wildcards.group} --table {params.table} --groups {input.groups} "
+        "--output {params.stem} > {log} 2>&1"

@@ -1,0 +1,138 @@
+# Parse-time setup: validate the settings, plan the selected experiments at the chosen scale, and print the
+# planned cost. Every job is known here (no checkpoints), so a dry run shows the whole study.
+import os
+import shlex
+import sys
+
+import yaml
+
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+from trm.analysis.estimate import CostCache, accelerator_hours, run_flops
+from trm.analysis.plan import parse_dataset_name, plan_study
+from trm.analysis.scale import SMOKE_POOL, TEST_PUZZLES
+from trm.errors import UserError
+from trm.storage import join as url_join
+
+
+def _check_keys(settings, schema, where):
+    """Name a misspelt setting and the allowed ones (the schema validator only says 'was unexpected')."""
+    for key, value in settings.items():
+        allowed = schema["properties"]
+        if key not in allowed:
+            raise WorkflowError(
+                f"config/config.yaml or --config: unknown key '{where}{key}'; allowed keys: {', '.join(allowed)}"
+            )
+        if isinstance(value, dict) and "properties" in allowed[key]:
+            _check_keys(value, allowed[key], f"{where}{key}.")
+
+
+with open(workflow.source_path("../schemas/config.schema.yaml")) as _schema_file:
+    _check_keys(config, yaml.safe_load(_schema_file), "")
+validate(config, "../schemas/config.schema.yaml")
+# Commands run with the interpreter running Snakemake, so an unactivated venv works (`.venv/bin/snakemake`).
+TRM = f"{shlex.quote(sys.executable)} -m trm.cli"
+
+try:
+    PLAN = {
+        exp.id: exp
+        for exp in plan_study(
+            config["scale"],
+            config["experiments"],
+            config["groups"],
+            experiments_dir="config/experiments",
+            groups_path="config/groups.yaml",
+            source="workflow config",
+        )
+    }
+except UserError as err:
+    raise WorkflowError(str(err)) from None
+
+RESULTS = os.path.join(config["results"], config["scale"])
+STORAGE = url_join(config["storage"], config["scale"])
+TABLE = os.path.join(RESULTS, "table")
+TABLE_FILES = [f"{TABLE}.csv", f"{TABLE}.parquet"]
+PLOT_FILES = os.path.join(RESULTS, "plots", "{group}.{ext}")
+SELECTED_GROUPS = list(dict.fromkeys(exp.group for exp in PLAN.values()))
+DATASETS = sorted({exp.dataset for exp in PLAN.values()})
+SOFTWARE = "../envs/trm.yaml"  # every rule's conda environment (relative to the rule files)
+DEVICES = config["launch"]["hosts"] * config["launch"]["devices_per_host"]
+
+
+wildcard_constraints:
+    exp="|".join(PLAN),
+    dataset=r"p\d+-a\d+",
+    group="|".join(SELECTED_GROUPS),
+
+
+def _estimates():
+    """Estimated accelerator-hours per experiment, from its FLOPs and batch (model costs cached by config hash)."""
+    cache = CostCache(os.path.join(config["results"], ".cache", "model-costs.json"))
+    accel = config["accelerator"]
+    hours = {
+        exp.id: accelerator_hours(
+            run_flops(exp.config, cache.costs(exp.hash, exp.config), TEST_PUZZLES[config["scale"]]),
+            accel["peak_flops"],
+            accel["utilization"],
+        )
+        for exp in PLAN.values()
+    }
+    cache.save()
+    return hours
+
+
+ESTIMATED_HOURS = _estimates()
+print(
+    f"TRM study, scale {config['scale']}: {len(PLAN)} experiments in {len(SELECTED_GROUPS)} groups, "
+    f"{len(DATASETS)} datasets; estimated {sum(ESTIMATED_HOURS.values()):.4g} {config['accelerator']['name']}-hours "
+    f"of training and evaluation at {config['accelerator']['utilization']:.0%} of peak",
+    file=sys.stderr,
+)
+
+
+def dataset_url(dataset):
+    return url_join(STORAGE, "datasets", dataset)
+
+
+def run_url(exp_id):
+    return url_join(STORAGE, "runs", PLAN[exp_id].run_name)
+
+
+def train_command(exp):
+    """The one command that trains an experiment; everything after `--` is `trm train`'s arguments."""
+    launch = config["launch"]
+    # A persistent XLA cache: the study's many same-shaped configs (every group's baseline) compile once.
+    cache = os.path.join(config["results"], ".cache", "jax")
+    train_args = [
+        "--config",
+        str(exp.path),
+        *[arg for item in exp.overrides for arg in ("--set", item)],
+        "--data",
+        dataset_url(exp.dataset),
+        "--run-dir",
+        run_url(exp.id),
+    ]
+    return (
+        f"env JAX_COMPILATION_CACHE_DIR={shlex.quote(cache)} JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 "
+        f"{TRM} launch --backend local --hosts {launch['hosts']} --devices-per-host {launch['devices_per_host']} "
+        f"-- {shlex.join(train_args)}"
+    )
+
+
+def estimate_message(wildcards):
+    return (
+        f"train {wildcards.exp}: estimated {ESTIMATED_HOURS[wildcards.exp]:.4g} "
+        f"{config['accelerator']['name']}-hours (from its FLOPs and batch)"
+    )
+
+
+def dataset_source(wildcards):
+    """The smoke pool's files (the smoke datasets' input); nothing at the paper scale (a URL or a local path)."""
+    return [os.path.join(RESULTS, "pool", f"{split}.csv") for split in ("train", "test")] if config["scale"] == "smoke" else []
+
+
+def build_flags(wildcards):
+    puzzles, num_aug = parse_dataset_name(wildcards.dataset)
+    source = os.path.join(RESULTS, "pool") if config["scale"] == "smoke" else config["source"]
+    return f"--source {shlex.quote(source)} --subsample-size {puzzles} --num-aug {num_aug} --seed {config['seed']}"
