@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 
+import yaml
+
 from trm.config.groups import GROUPS_PATH, load_groups
-from trm.config.load import EXPERIMENT_ID, expected_values, schema
+from trm.config.load import CONFIG_DIR, EXPERIMENT_ID, expected_values, schema
 
 INTRO = f"""\
 # Configuration reference
@@ -77,10 +79,40 @@ def _groups_table() -> list[str]:
     return lines + [""]
 
 
+WORKFLOW_SCHEMA = CONFIG_DIR.parent / "workflow" / "schemas" / "config.schema.yaml"
+
+
+def _workflow_section() -> list[str]:
+    """The settings of the Snakemake workflow (config/config.yaml), from their schema's descriptions."""
+    node = yaml.safe_load(WORKFLOW_SCHEMA.read_text())
+    lines = [
+        "## Workflow settings (`config/config.yaml`)",
+        "",
+        "Read by the Snakefile and validated against `workflow/schemas/config.schema.yaml`; override any of them",
+        "with `snakemake --config key=value` (e.g. `--config scale=paper`, `experiments=[exp01a]`,",
+        "`groups=[exp01]`) or in a cluster profile. The defaults are the embedded local choice: the smoke study on",
+        "this machine's CPU. `profiles/default/` holds only Snakemake settings valid everywhere.",
+        "",
+        "| key | default | meaning |",
+        "|---|---|---|",
+    ]
+
+    def rows(properties: dict, prefix: str) -> None:
+        for key, leaf in properties.items():
+            if "properties" in leaf:
+                rows(leaf["properties"], f"{prefix}{key}.")
+            else:
+                lines.append(f"| `{prefix}{key}` | {_value(leaf['default'])} | {leaf['description']} |")
+
+    rows(node["properties"], "")
+    return lines + [""]
+
+
 def reference_markdown() -> str:
     """The text of config/README.md: every config key with its type, baseline value and meaning, and the groups."""
     lines = [INTRO]
     for name, node in schema()["properties"].items():
         lines += _section(name, node, 2)
     lines += _groups_table()
+    lines += _workflow_section()
     return "\n".join(lines)
