@@ -72,6 +72,16 @@ def run(hosts: int, devices_per_host: int, train_args: list[str]) -> int:
     """Run `trm train train_args` on `hosts` local processes; 0 if all succeed, 42 if preempted, else a failure."""
     port = free_port()
     command = [sys.executable, "-m", "trm.cli", "train", *train_args]
+    environ = dict(os.environ)
+    envs = [host_environment(environ, hosts, devices_per_host, index, port) for index in range(hosts)]
+    return run_processes([command] * hosts, envs)
+
+
+def run_processes(commands: list[list[str]], envs: list[dict[str, str]]) -> int:
+    """Run one process per host, stream their output with a host prefix and supervise them (see module doc).
+
+    Returns 0 if all succeed, 42 if they stopped on a preemption notice, else the first failing host's code.
+    """
     lock = threading.Lock()
     procs: list[subprocess.Popen] = []
     threads: list[threading.Thread] = []
@@ -85,10 +95,10 @@ def run(hosts: int, devices_per_host: int, train_args: list[str]) -> int:
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        for index in range(hosts):
+        for index, (command, env) in enumerate(zip(commands, envs, strict=True)):
             proc = subprocess.Popen(
                 command,
-                env=host_environment(dict(os.environ), hosts, devices_per_host, index, port),
+                env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

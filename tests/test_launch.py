@@ -1,0 +1,151 @@
+"""`trm launch --backend local` and the distributed settings: environments, supervision, signals, bad input."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+
+import pytest
+
+from trm.cli import main as trm
+from trm.errors import UserError
+from trm.launch import distributed
+from trm.launch.local import host_environment, run_processes
+
+
+def _options(argv: list[str]) -> distributed.DistributedOptions:
+    parser = argparse.ArgumentParser()
+    distributed.add_arguments(parser)
+    return distributed.options_from_args(parser.parse_args(argv))
+
+
+def test_distributed_options_from_flags_and_environment(monkeypatch):
+    for name in ("TRM_DISTRIBUTED", "TRM_COORDINATOR", "TRM_NUM_PROCESSES", "TRM_PROCESS_ID"):
+        monkeypatch.delenv(name, raising=False)
+    assert _options([]).mode == "off"
+    explicit = _options(["--coordinator", "10.0.0.1:9999", "--num-processes", "8", "--process-id", "3"])
+    assert (explicit.mode, explicit.coordinator, explicit.num_processes, explicit.process_id) == (
+        "explicit",
+        "10.0.0.1:9999",
+        8,
+        3,
+    )
+    monkeypatch.setenv("TRM_COORDINATOR", "127.0.0.1:1234")
+    monkeypatch.setenv("TRM_NUM_PROCESSES", "2")
+    monkeypatch.setenv("TRM_PROCESS_ID", "1")
+    monkeypatch.setenv("TRM_HEARTBEAT_TIMEOUT", "7")
+    from_env = _options(["--process-id", "0"])  # a flag wins over its variable
+    assert (from_env.coordinator, from_env.process_id, from_env.heartbeat_timeout) == ("127.0.0.1:1234", 0, 7)
+    monkeypatch.setenv("TRM_DISTRIBUTED", "auto")
+    assert _options([]).mode == "auto"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--coordinator", "h:1"], {}, "needs --num-processes and --process-id"),
+        (["--coordinator", "h:1", "--num-processes", "2", "--process-id", "2"], {}, "must lie in 0..1"),
+        (["--num-processes", "2"], {}, "need --coordinator"),
+        ([], {"TRM_HEARTBEAT_TIMEOUT": "soon"}, "TRM_HEARTBEAT_TIMEOUT='soon': expected an integer"),
+        (["--shutdown-timeout", "0"], {}, "--shutdown-timeout 0: must be >= 1"),
+    ],
+)
+def test_bad_distributed_settings_are_named(monkeypatch, argv, env, message):
+    for name in ("TRM_DISTRIBUTED", "TRM_COORDINATOR", "TRM_NUM_PROCESSES", "TRM_PROCESS_ID"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        _options(argv)
+
+
+def test_host_environments():
+    base = {"PATH": "/bin", "TRM_COORDINATOR": "stale:1", "TRM_HEARTBEAT_TIMEOUT": "5"}
+    single = host_environment(base, hosts=1, devices=4, index=0, port=1234)
+    assert single["JAX_PLATFORMS"] == "cpu" and single["JAX_NUM_CPU_DEVICES"] == "4"
+    assert "TRM_COORDINATOR" not in single and "TRM_PROCESS_ID" not in single  # one host: no coordinator
+    second = host_environment(base, hosts=2, devices=2, index=1, port=1234)
+    assert (second["TRM_COORDINATOR"], second["TRM_NUM_PROCESSES"], second["TRM_PROCESS_ID"]) == (
+        "127.0.0.1:1234",
+        "2",
+        "1",
+    )
+    assert second["TRM_HEARTBEAT_TIMEOUT"] == "5"  # the user's setting wins over the launcher's default
+    assert second["TRM_SHUTDOWN_TIMEOUT"] == "10"
+    assert base["TRM_COORDINATOR"] == "stale:1"  # the caller's mapping is not modified
+
+
+def _python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def test_a_failing_host_stops_the_others_and_sets_the_exit_code(capsys):
+    started = time.time()
+    code = run_processes(
+        [
+            _python("import time; print('waiting', flush=True); time.sleep(120)"),
+            _python("print('bye'); exit(3)"),
+        ],
+        [dict(os.environ)] * 2,
+    )
+    assert code == 3
+    assert time.time() - started < 30  # the sleeping host was killed, not waited for
+    out = capsys.readouterr().out
+    assert "[host 1] bye" in out and "[host 0] waiting" in out
+    assert "host 1 failed with code 3" in out
+
+
+def test_all_hosts_succeed_and_a_signal_becomes_a_preemption_everywhere(capsys):
+    assert run_processes([_python("print('a')"), _python("print('b')")], [dict(os.environ)] * 2) == 0
+
+    # Hosts that save and exit 42 on SIGTERM, as the trainer does; the launcher gets SIGINT (Ctrl-C).
+    host = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(42))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+
+    def interrupt_when_ready():
+        deadline = time.time() + 60
+        while capsys.readouterr().out.count("ready") < 2 and time.time() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_when_ready, daemon=True).start()
+    started = time.time()
+    assert run_processes([_python(host), _python(host)], [dict(os.environ)] * 2) == 42
+    assert time.time() - started < 60
+
+
+def test_launch_rejects_bad_arguments(capsys):
+    assert trm(["launch", "--hosts", "0", "--", "--config", "c"]) == 2
+    assert "--hosts 0: must be >= 1" in capsys.readouterr().err
+    assert trm(["launch", "--hosts", "2"]) == 2
+    assert "no training arguments" in capsys.readouterr().err
+
+
+def test_hosts_fail_together_on_bad_training_input(tmp_path, capsys):
+    """Both hosts join, both reject the config, the launcher reports the hosts' exit code 2."""
+    code = trm(
+        [
+            "launch",
+            "--hosts",
+            "2",
+            "--",
+            "--config",
+            str(tmp_path / "missing.yaml"),
+            "--data",
+            str(tmp_path),
+            "--run-dir",
+            str(tmp_path / "run"),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 2, out
+    assert "[host 0]" in out and "[host 1]" in out and "missing.yaml" in out
+    assert not (tmp_path / "run").exists()
