@@ -129,6 +129,7 @@ def test_dry_run_prints_estimated_accelerator_hours_per_training_job(workdir):
     # Same epochs and data: the same examples and FLOPs whatever the batch (each job gets its own figure).
     assert max(estimates.values()) == pytest.approx(min(estimates.values()), rel=0.2)
     assert "6 experiments in 1 groups" in output and "CPU core-hours" in output
+    assert "6 distinct runs" in output
 
 
 # ------------------------------------------------------------------------------------------------ bad input
@@ -274,7 +275,7 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
         assert "<svg" in (results / f"plots/{group}.svg").read_text()
     # The run dir in storage is named by the config hash, and holds the resolved config.
     run_config = json.loads((results / "runs/exp01a/config.json").read_text())
-    assert (workdir / f"results/storage/smoke/runs/exp01a-{table.loc[0, 'config_hash']}/_SUCCESS").exists()
+    assert (workdir / f"results/storage/smoke/runs/{table.loc[0, 'config_hash']}/_SUCCESS").exists()
     assert run_config["arch"]["hidden_size"] == 16
 
     report = subprocess.run(

@@ -6,7 +6,8 @@
 Reads, per experiment id, RESULTS/runs/<id>/config.json (the resolved config), RESULTS/eval/<id>.json
 (`trm run-metrics`) and RESULTS/benchmarks/train/<id>.tsv (Snakemake's benchmark of the training job: wall
 time). Writes OUTPUT.csv, OUTPUT.parquet (one row per run) and OUTPUT-curves.csv (test exact accuracy per
-evaluation). Accelerator-hours are measured wall hours x devices; the estimate column uses the FLOPs model of
+evaluation). Accelerator-hours are measured wall hours x devices (experiments with equal configs share one
+run and report the wall time of the job that trained it); the estimate column uses the FLOPs model of
 trm.analysis.estimate at the given peak FLOP/s and utilization.
 """
 
@@ -104,7 +105,11 @@ def aggregate(
             }
         )
         curves += [{"id": exp_id, "group": group["id"], **point} for point in metrics["curve"]]
-    return pd.DataFrame(rows), pd.DataFrame(curves, columns=["id", "group", "epoch", "test_exact_accuracy"])
+    table = pd.DataFrame(rows)
+    # Experiments sharing a config share one run: the job that trained it holds the run's wall time.
+    for column in ("wall_time_s", "accelerator_hours"):
+        table[column] = table.groupby("config_hash")[column].transform("max")
+    return table, pd.DataFrame(curves, columns=["id", "group", "epoch", "test_exact_accuracy"])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

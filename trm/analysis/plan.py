@@ -34,7 +34,8 @@ class Experiment:
 
     @property
     def run_name(self) -> str:
-        return f"{self.id}-{self.hash}"
+        """The run directory's name: the config hash, so experiments with equal configs share one run."""
+        return self.hash
 
 
 def dataset_name(config: dict) -> str:

@@ -66,6 +66,13 @@ wildcard_constraints:
     group="|".join(SELECTED_GROUPS),
 
 
+# Experiments with the same resolved config (every group's baseline) share one run dir: the first trains it, the
+# others wait for it and only collect it.
+FIRST_WITH_HASH = {}
+for _exp in PLAN.values():
+    FIRST_WITH_HASH.setdefault(_exp.hash, _exp.id)
+
+
 def _estimates():
     """Estimated accelerator-hours per experiment, from its FLOPs and batch (model costs cached by config hash)."""
     cache = CostCache(os.path.join(config["results"], ".cache", "model-costs.json"))
@@ -85,10 +92,16 @@ def _estimates():
 ESTIMATED_HOURS = _estimates()
 print(
     f"TRM study, scale {config['scale']}: {len(PLAN)} experiments in {len(SELECTED_GROUPS)} groups, "
-    f"{len(DATASETS)} datasets; estimated {sum(ESTIMATED_HOURS.values()):.4g} {config['accelerator']['name']}-hours "
+    f"{len(DATASETS)} datasets, {len(FIRST_WITH_HASH)} distinct runs; estimated "
+    f"{sum(ESTIMATED_HOURS[first] for first in FIRST_WITH_HASH.values()):.4g} {config['accelerator']['name']}-hours "
     f"of training and evaluation at {config['accelerator']['utilization']:.0%} of peak",
     file=sys.stderr,
 )
+
+
+def same_run_trained_first(wildcards):
+    first = FIRST_WITH_HASH[PLAN[wildcards.exp].hash]
+    return [] if first == wildcards.exp else [os.path.join(RESULTS, "runs", first, "final.json")]
 
 
 def dataset_url(dataset):
@@ -121,6 +134,9 @@ def train_command(exp):
 
 
 def estimate_message(wildcards):
+    first = FIRST_WITH_HASH[PLAN[wildcards.exp].hash]
+    if first != wildcards.exp:
+        return f"train {wildcards.exp}: same config as {first}, whose run it collects (no training)"
     return (
         f"train {wildcards.exp}: estimated {ESTIMATED_HOURS[wildcards.exp]:.4g} "
         f"{config['accelerator']['name']}-hours (from its FLOPs and batch)"

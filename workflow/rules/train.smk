@@ -1,5 +1,5 @@
-# Training and evaluation, one job each per experiment. The run dir (checkpoints) lives in storage under
-# <id>-<config hash>; the local outputs are small copies made only after the run's _SUCCESS marker, so a failed or
+# Training and evaluation, one job each per experiment. The run dir (checkpoints) lives in storage under its
+# config hash; the local outputs are small copies made only after the run's _SUCCESS marker, so a failed or
 # preempted job leaves nothing that looks complete, and rerunning it resumes from the latest checkpoint.
 
 
@@ -8,6 +8,7 @@ rule train:
         staged=lambda wildcards: os.path.join(RESULTS, "staged", f"{PLAN[wildcards.exp].dataset}.txt"),
         experiment=lambda wildcards: str(PLAN[wildcards.exp].path),
         base="config/base.yaml",
+        same_run=same_run_trained_first,
     output:
         config=os.path.join(RESULTS, "runs", "{exp}", "config.json"),
         metrics=os.path.join(RESULTS, "runs", "{exp}", "metrics.jsonl"),
@@ -28,7 +29,9 @@ rule train:
     benchmark:
         os.path.join(RESULTS, "benchmarks", "train", "{exp}.tsv")
     shell:
-        "{params.command} > {log} 2>&1 && {params.trm} collect-run {params.run_dir} {params.local} >> {log} 2>&1"
+        # A finished run (trained by a same-config experiment or an earlier attempt) is only collected.
+        "({params.trm} collect-run {params.run_dir} {params.local} || "
+        "({params.command} && {params.trm} collect-run {params.run_dir} {params.local})) > {log} 2>&1"
 
 
 rule evaluate:
