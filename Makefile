@@ -18,6 +18,7 @@ install: $(STAMP)
 
 run: $(STAMP)
 	$(BIN)/snakemake --cores 2 all
+	$(BIN)/snakemake --report results/report.html
 
 test: $(STAMP)
 	$(BIN)/ruff check trm tests benchmarks

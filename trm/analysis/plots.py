@@ -107,8 +107,10 @@ def _panel(ax, plot: dict, group: dict, runs: pd.DataFrame, curves: pd.DataFrame
             row["id"], (row[x], row[y]), fontsize="x-small", textcoords="offset points", xytext=(3, 3)
         )
     base = measured[measured["baseline"].astype(bool)]
-    ax.scatter(base[x], base[y], marker="*", s=250, color="tab:red", zorder=3, label="baseline")
-    ax.legend(fontsize="small")
+    if not base.empty:
+        ax.scatter(base[x], base[y], marker="*", s=250, color="tab:red", zorder=3, label="baseline")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")
 
 
 def plot_group(
