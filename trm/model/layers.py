@@ -67,6 +67,15 @@ class Linear(nnx.Module):
             y = y + self.bias[...].astype(x.dtype)
         return y
 
+    def along_leading_axis(self, x: jax.Array) -> jax.Array:
+        """The same map (no bias) applied along the LEADING axis: y[o, ...] = sum_i W[i, o] x[i, ...].
+
+        One plain [out, in] x [in, rest] matmul with no transposes of x (MLP-T on sequence-major input).
+        """
+        weight = self.weight[...].astype(x.dtype)
+        y = jnp.einsum("io,in->on", weight, x.reshape(x.shape[0], -1))
+        return y.reshape(weight.shape[1], *x.shape[1:])
+
 
 class SwiGLU(nnx.Module):
     """down(silu(gate) * up) over the last axis, with a fused gate|up projection (gate first), no biases."""
@@ -79,6 +88,11 @@ class SwiGLU(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         gate, up = jnp.split(self.gate_up_proj(x), 2, axis=-1)
         return self.down_proj(jax.nn.silu(gate) * up)
+
+    def along_leading_axis(self, x: jax.Array) -> jax.Array:
+        """The same SwiGLU applied along the leading axis of x (e.g. the sequence axis of [S, B, D])."""
+        gate, up = jnp.split(self.gate_up_proj.along_leading_axis(x), 2, axis=0)
+        return self.down_proj.along_leading_axis(jax.nn.silu(gate) * up)
 
 
 class Attention(nnx.Module):
@@ -107,6 +121,10 @@ class Block(nnx.Module):
 
     The token mixer is attention, or with `mlp_t` a SwiGLU across the sequence axis (width = total length)
     whose residual is normalised over the SEQUENCE axis, as in the original MLP-T.
+
+    The net runs blocks on sequence-major activations [S, B, D] (`seq_major=True`): there the MLP-T mixer
+    is one plain matmul over S for the whole batch, with no transposes forward or backward (on CPU the
+    transposes of the [B, S, D] form cost as much as the mixer's matmuls). Attention works in [B, S, D].
     """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -117,10 +135,14 @@ class Block(nnx.Module):
             self.self_attn = Attention(cfg.hidden_size, cfg.num_heads, rngs=rngs)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.expansion, rngs=rngs)
 
-    def __call__(self, h: jax.Array, rope: tuple[jax.Array, jax.Array] | None) -> jax.Array:
+    def __call__(
+        self, h: jax.Array, rope: tuple[jax.Array, jax.Array] | None, *, seq_major: bool = False
+    ) -> jax.Array:
+        """h: [B, S, D], or [S, B, D] with seq_major; returns the same layout."""
+        if not seq_major:
+            return self(h.swapaxes(0, 1), rope, seq_major=True).swapaxes(0, 1)
         if hasattr(self, "mlp_t"):
-            mixed = self.mlp_t(h.swapaxes(1, 2)).swapaxes(1, 2)  # mix along the sequence, per channel
-            h = rms_norm(h + mixed, self.eps, axis=1)
+            h = rms_norm(h + self.mlp_t.along_leading_axis(h), self.eps, axis=0)  # mix and norm along S
         else:
-            h = rms_norm(h + self.self_attn(h, rope), self.eps)
+            h = rms_norm(h + self.self_attn(h.swapaxes(0, 1), rope).swapaxes(0, 1), self.eps)
         return rms_norm(h + self.mlp(h), self.eps)

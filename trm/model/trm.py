@@ -69,24 +69,28 @@ class TRM(nnx.Module):
         return x * math.sqrt(cfg.hidden_size)
 
     def net(self, h: jax.Array, injection: jax.Array) -> jax.Array:
-        """The single shared network: the L_layers blocks applied to (h + injection)."""
+        """The single shared network: the L_layers blocks applied to (h + injection), all [S, B, D]."""
         cfg = self.cfg
         rope = (
             rope_tables(cfg.total_len, cfg.head_dim, cfg.rope_theta) if cfg.pos_encodings == "rope" else None
         )
         h = h + injection
         for layer in self.layers:
-            h = layer(h, rope)
+            h = layer(h, rope, seq_major=True)
         return h
 
     def recursion(
         self, z_H: jax.Array, z_L: jax.Array, x: jax.Array, L_cycles: int
     ) -> tuple[jax.Array, jax.Array]:
-        """One recursion: z_L <- net(z_L, z_H + x) L_cycles times, then z_H <- net(z_H, z_L)."""
+        """One recursion on [B, S, D] latents: z_L <- net(z_L, z_H + x) L_cycles times, then z_H <- net(z_H, z_L).
+
+        The net runs sequence-major; between consecutive recursions XLA cancels the transposes back and forth.
+        """
+        z_H, z_L, x = (a.swapaxes(0, 1) for a in (z_H, z_L, x))
         for _ in range(L_cycles):
             z_L = self.net(z_L, z_H + x)
         z_H = self.net(z_H, z_L)
-        return z_H, z_L
+        return z_H.swapaxes(0, 1), z_L.swapaxes(0, 1)
 
     def __call__(
         self,
