@@ -1,0 +1,316 @@
+"""Multi-host data parallelism proven with CPU processes as hosts (2 processes x 2 devices, 1 x 4).
+
+Every subprocess is bounded by a timeout and killed in `finally`; hosts get short heartbeat timeouts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_trainer import TINY, _easy_csv, _sets, _staged
+
+from trm.launch.local import free_port, host_environment
+
+REPO = Path(__file__).resolve().parents[1]
+# 48 train groups x 2 epochs / 8 = 12 steps per evaluation interval, 24 steps in all; exploration on.
+# Two supervision steps per puzzle: 16 would unroll the untrained recurrence so deeply that float rounding
+# differences between device layouts (the order of the gradient sum) grow to 1e-3 in the loss.
+RUN = {
+    **TINY,
+    "arch.halt_max_steps": 2,
+    "train.eval_steps": 2,
+    "train.epochs": 4,
+    "train.eval_interval": 2,
+    "train.checkpoint_every_steps": 4,
+}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> str:
+    tmp = tmp_path_factory.mktemp("multihost-data")
+    _easy_csv(tmp / "easy.csv", puzzles=60, blanks=6, seed=0)
+    return _staged(tmp, str(tmp / "easy.csv"), num_aug=4)
+
+
+def _train_args(data: str, run_dir: Path, cache: Path, extra: dict) -> list[str]:
+    return [
+        "--config",
+        "config/base.yaml",
+        "--data",
+        data,
+        "--run-dir",
+        str(run_dir),
+        "--cache-dir",
+        str(cache),
+        "--log-every",
+        "4",
+        *_sets({**RUN, **extra}),
+    ]
+
+
+def _launch(
+    hosts: int, devices: int, train_args: list[str], timeout: float = 150
+) -> subprocess.CompletedProcess:
+    cmd = [
+        sys.executable,
+        "-m",
+        "trm.cli",
+        "launch",
+        "--hosts",
+        str(hosts),
+        "--devices-per-host",
+        str(devices),
+    ]
+    return subprocess.run(
+        [*cmd, "--", *train_args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _start_hosts(train_args: list[list[str]], devices: int) -> list[subprocess.Popen]:
+    """One `trm train` per element of `train_args`, as hosts of one job (without the launcher)."""
+    port = free_port()
+    return [
+        subprocess.Popen(
+            [sys.executable, "-m", "trm.cli", "train", *args],
+            cwd=REPO,
+            env=host_environment(dict(os.environ), len(train_args), devices, index, port),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for index, args in enumerate(train_args)
+    ]
+
+
+def _final(run_dir: Path) -> dict:
+    return json.loads((run_dir / "final.json").read_text())
+
+
+def _latest_checkpoint(run_dir: Path) -> int:
+    return max((int(p.name) for p in (run_dir / "ckpt").glob("*") if p.name.isdigit()), default=-1)
+
+
+def _restore_state(run_dir: Path, data: str, cache: Path):
+    """The final training state of a run, restored onto this process's device."""
+    from trm.data.format import read_metadata
+    from trm.data.verify import fetch_dataset
+    from trm.model.config import ModelConfig
+    from trm.train.checkpoint import Checkpointer
+    from trm.train.step import Model, init_state
+
+    config = json.loads((run_dir / "config.json").read_text())
+    metadata = read_metadata(fetch_dataset(data, cache), "train")
+    model = Model(ModelConfig.from_dict(config["arch"], metadata), seed=config["train"]["seed"])
+    steps = _final(run_dir)["steps"]
+    like = init_state(model, config, steps, config["train"]["global_batch_size"])
+    checkpoints = Checkpointer(str(run_dir / "ckpt"), keep=3, every_steps=steps)
+    state, _ = checkpoints.restore(steps, like)
+    checkpoints.close()
+    return state
+
+
+@pytest.fixture(scope="module")
+def two_by_two(data, tmp_path_factory) -> Path:
+    """An uninterrupted run on 2 hosts x 2 devices: the reference of the tests below."""
+    tmp = tmp_path_factory.mktemp("two-by-two")
+    done = _launch(2, 2, _train_args(data, tmp / "run", tmp / "cache", {}))
+    assert done.returncode == 0, done.stdout[-4000:]
+    return tmp / "run"
+
+
+def test_two_hosts_train_like_one_host_with_the_same_devices(data, two_by_two, tmp_path):
+    import jax
+
+    from trm.config import load_config
+    from trm.data.format import load_split
+    from trm.data.verify import fetch_dataset
+    from trm.train.data import TrainBatches
+
+    one_host = tmp_path / "one-host"
+    done = _launch(1, 4, _train_args(data, one_host, tmp_path / "cache", {}))
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert "[host 0]" in done.stdout
+
+    # The hosts' rows of every global batch, put together, are the single process's batch.
+    config = load_config("config/base.yaml", [f"{k}={v}" for k, v in RUN.items()], base=None)
+    split = load_split(fetch_dataset(data, tmp_path / "cache"), "train")
+    tc = config["train"]
+    single = TrainBatches(split, tc["global_batch_size"], tc["eval_interval"], tc["seed"])
+    hosts = [
+        TrainBatches(split, tc["global_batch_size"], tc["eval_interval"], tc["seed"], i, 2) for i in (0, 1)
+    ]
+    for step in range(_final(one_host)["steps"]):
+        whole = single.batch(step).as_dict()
+        parts = [h.batch(step).as_dict() for h in hosts]
+        for key, value in whole.items():
+            np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), value)
+
+    multi, single_final = _final(two_by_two), _final(one_host)
+    assert (multi["processes"], multi["devices"]) == (2, 4)
+    assert (single_final["processes"], single_final["devices"]) == (1, 4)
+    assert len(set(multi["hosts_params_sha256"])) == 1  # both hosts hold identical parameters
+    assert len(set(multi["hosts_ema_sha256"])) == 1
+    assert sorted(p.name for p in (two_by_two / "logs").iterdir()) == ["host-0.log", "host-1.log"]
+    assert "host 1 of 2" in (two_by_two / "logs" / "host-1.log").read_text()
+
+    a = _restore_state(two_by_two, data, tmp_path / "cache")
+    b = _restore_state(one_host, data, tmp_path / "cache")
+    for x, y in zip(jax.tree.leaves((a.params, a.ema)), jax.tree.leaves((b.params, b.ema)), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+    for x, y in zip(jax.tree.leaves(multi["test"]), jax.tree.leaves(single_final["test"]), strict=True):
+        assert x == pytest.approx(y, rel=1e-4, abs=1e-6)
+
+
+def test_hosts_with_different_configs_fail_naming_the_host(data, tmp_path):
+    run = tmp_path / "run"
+    args = _train_args(data, run, tmp_path / "cache", {})
+    procs = _start_hosts([args, [*args, "--set=train.seed=7"]], devices=1)
+    try:
+        outputs = [p.communicate(timeout=120)[1] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [2, 2], outputs
+    for err in outputs:
+        assert "hosts disagree on config hash and code version" in err and "host 1 has config" in err
+    assert not (run / "config.json").exists()
+
+
+def _wait_for_checkpoint(run: Path, procs: list[subprocess.Popen], after: int) -> None:
+    deadline = time.time() + 120
+    while _latest_checkpoint(run) <= after:
+        assert all(p.poll() is None for p in procs), [p.stderr.read()[-3000:] for p in procs]
+        assert time.time() < deadline, "no new checkpoint within 120 s"
+        time.sleep(0.05)
+
+
+def test_preemption_and_a_dead_host_then_resume(data, two_by_two, tmp_path):
+    run = tmp_path / "run"
+    args = _train_args(data, run, tmp_path / "cache", {})
+
+    # SIGTERM to one host: both save at one agreed step and exit 42.
+    procs = _start_hosts([args, args], devices=2)
+    try:
+        _wait_for_checkpoint(run, procs, after=0)
+        procs[1].send_signal(signal.SIGTERM)
+        outputs = [p.communicate(timeout=90)[1] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [42, 42], outputs
+    stopped = _latest_checkpoint(run)
+    assert 0 < stopped < 24 and not (run / "_SUCCESS").exists()
+
+    # SIGKILL one host after the resumed run's next checkpoint: the other exits non-zero within 30 s.
+    procs = _start_hosts([args, args], devices=2)
+    try:
+        _wait_for_checkpoint(run, procs, after=stopped)
+        procs[1].kill()
+        killed_at = time.time()
+        procs[0].communicate(timeout=60)
+        waited = time.time() - killed_at
+    finally:
+        for p in procs:
+            p.kill()
+    assert procs[0].returncode != 0 and waited < 30, (procs[0].returncode, waited)
+    assert not (run / "_SUCCESS").exists()
+
+    # A relaunch resumes from the latest checkpoint and ends exactly like the uninterrupted run.
+    done = _launch(2, 2, args)
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert "resuming from step" in done.stdout
+    assert _final(run)["params_sha256"] == _final(two_by_two)["params_sha256"]
+    assert _final(run)["test"] == _final(two_by_two)["test"]
+    assert "host 1" in (run / "logs" / "host-1.log").read_text()
+
+
+# Runs in a fresh process with 4 CPU devices: a train step's gradients and its compiled HLO.
+STEP_PROBE = textwrap.dedent(
+    r"""
+    import json, re, sys
+    import jax, numpy as np
+    from trm.config import load_config
+    from trm.data.format import load_split
+    from trm.data.verify import fetch_dataset
+    from trm.model.config import ModelConfig
+    from trm.train.data import TrainBatches
+    from trm.train.step import Model, TrainStep, init_state
+
+    data, cache, sets = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    split = load_split(fetch_dataset(data, cache), "train")
+    out = {}
+    for name, (extra, probes) in sets.items():
+        config = load_config("config/base.yaml", [f"{k}={v}" for k, v in extra.items()], base=None)
+        model = Model(ModelConfig.from_dict(config["arch"], split.metadata), seed=0)
+        step = TrainStep(model, config, total_steps=10)
+        state = init_state(model, config, 10, 16)
+        batch = TrainBatches(split, 16, 1, seed=0).batch(0).as_dict()
+        out[name] = {"param_leaves": len(jax.tree.leaves(state.params))}
+        if "grads" in probes:
+            carry, metrics, grads = step.gradients(state, batch, 0.0, (2, 2))
+            out[name]["grads"] = [np.asarray(g).tolist() for g in jax.tree.leaves(grads)]
+            out[name]["carry"] = [np.asarray(c).tolist() for c in jax.tree.leaves(carry)]
+            out[name]["metrics"] = {k: float(v) for k, v in metrics.items()}
+        if "hlo" in probes:
+            hlo = step.lower(state, batch, 0.0, (2, 2)).compile().as_text()
+            out[name]["all_reduces"] = len(re.findall(r"\ball-reduce(?:-start)?\(", hlo))
+    print(json.dumps(out))
+    """
+)
+
+
+def test_gradient_accumulation_and_one_fused_all_reduce(data, tmp_path):
+    base = {**TINY, "train.global_batch_size": 16}
+    sets = {
+        "whole": (base, ["grads", "hlo"]),
+        "two_parts": ({**base, "train.micro_batches": 2}, ["grads", "hlo"]),
+        "four_parts_remat": ({**base, "train.micro_batches": 4, "train.remat": True}, ["grads"]),
+        "deeper": ({**base, "arch.L_layers": 3}, ["hlo"]),
+    }
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "4"}
+    done = subprocess.run(
+        [sys.executable, "-c", STEP_PROBE, data, str(tmp_path / "cache"), json.dumps(sets)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = json.loads(done.stdout.splitlines()[-1])
+    whole = out["whole"]
+    for name in ("two_parts", "four_parts_remat"):
+        for g, ref in zip(out[name]["grads"], whole["grads"], strict=True):
+            ref = np.asarray(ref)
+            np.testing.assert_allclose(
+                np.asarray(g), ref, rtol=1e-4, atol=1e-6 * max(np.abs(ref).max(), 1e-3)
+            )
+        for c, ref in zip(out[name]["carry"], whole["carry"], strict=True):
+            np.testing.assert_allclose(np.asarray(c), np.asarray(ref), rtol=1e-5, atol=1e-5)
+        assert out[name]["metrics"] == pytest.approx(whole["metrics"], rel=1e-5, abs=1e-6)
+
+    # Gradients of all parameters travel in one combined all-reduce (plus the metric sums), however many
+    # parameters there are: a deeper model adds parameter leaves but no all-reduce.
+    counts = {name: (probe["param_leaves"], probe.get("all_reduces")) for name, probe in out.items()}
+    assert out["deeper"]["param_leaves"] > whole["param_leaves"], counts
+    assert out["deeper"]["all_reduces"] == whole["all_reduces"] <= 2, counts
+    assert out["two_parts"]["all_reduces"] <= 2, counts
+
+
+def test_batch_not_divisible_by_devices_is_rejected_before_compiling(data, tmp_path):
+    done = _launch(1, 3, _train_args(data, tmp_path / "run", tmp_path / "cache", {}), timeout=90)
+    assert done.returncode == 2
+    assert (
+        "train.global_batch_size=8 must be divisible by train.micro_batches (1) x the number of devices (3)"
+        in (done.stdout)
+    )
+    assert not (tmp_path / "run").exists()
