@@ -201,7 +201,7 @@ def test_smoke_scale_keeps_what_each_group_varies():
                     range(len(smoke_k)), key=smoke_k.__getitem__
                 ), (group["id"], group["varies"][k])
     widths = [smoke[f"exp01{x}"]["arch"]["hidden_size"] for x in "abcdef"]
-    assert [w * 16 for w in widths] == [paper[f"exp01{x}"]["arch"]["hidden_size"] for x in "abcdef"]
+    assert [w * 32 for w in widths] == [paper[f"exp01{x}"]["arch"]["hidden_size"] for x in "abcdef"]
 
 
 def test_smoke_datasets_map_one_to_one_and_scale_changes_the_hash():
@@ -265,7 +265,7 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     results = workdir / "results/smoke"
     table = pd.read_csv(results / "table.csv")
     assert list(table["id"]) == ["exp01a", "exp04a_100"]
-    assert table.loc[0, "varied"] == "hidden_size=16, num_heads=4"
+    assert table.loc[0, "varied"] == "hidden_size=8, num_heads=4"
     assert table.loc[1, "data.train_puzzles"] == 2
     assert (table["parameter_count"] > 0).all() and (table["wall_time_s"] > 0).all()
     assert table["test_exact_accuracy"].between(0, 1).all()
@@ -276,7 +276,7 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     # The run dir in storage is named by the config hash, and holds the resolved config.
     run_config = json.loads((results / "runs/exp01a/config.json").read_text())
     assert (workdir / f"results/storage/smoke/runs/{table.loc[0, 'config_hash']}/_SUCCESS").exists()
-    assert run_config["arch"]["hidden_size"] == 16
+    assert run_config["arch"]["hidden_size"] == 8
 
     report = subprocess.run(
         [SNAKEMAKE, *config, "--report", "report.html"],
