@@ -25,7 +25,7 @@ from snakemake.settings.types import (
 from trm.analysis.estimate import model_costs, run_flops, training_steps
 from trm.analysis.plan import dataset_name, plan_study
 from trm.cli import main as trm_main
-from trm.config import load_groups
+from trm.config import load_config, load_groups
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -212,6 +212,11 @@ def test_smoke_datasets_map_one_to_one_and_scale_changes_the_hash():
     assert all(p.hash != s.hash for p, s in zip(paper, smoke, strict=True))
     baselines = {e.hash for e in smoke if e.id in {g["baseline"] for g in load_groups()}}
     assert len(baselines) == 1  # every group's baseline is the same smoke run config
+
+
+def test_planned_configs_equal_what_trm_train_resolves_from_the_same_arguments():
+    for exp in plan_study("smoke"):
+        assert load_config(exp.path, exp.overrides) == exp.config, exp.id
 
 
 def test_estimate_matches_the_spec_flops_of_a_paper_baseline_run():
