@@ -17,6 +17,14 @@ include: "workflow/rules/analysis.smk"
 report: "workflow/report/workflow.rst"
 
 
+# Small jobs run on the controller under any executor; datasets and training go to the executor.
+localrules:
+    all,
+    evaluate,
+    aggregate,
+    plot_group,
+
+
 
 rule all:
     input:
