@@ -46,7 +46,7 @@ from trm.train.data import TrainBatches, eval_batches
 from trm.train.hostlog import HostLog
 from trm.train.optim import dense_lr_schedule
 from trm.train.schedule import cycles_at, halt_exploration_at
-from trm.train.step import EvalStep, Model, TrainState, TrainStep, check_batch_layout, init_state
+from trm.train.step import EvalStep, Model, TrainState, TrainStep, check_train_config, init_state
 
 EXIT_PREEMPTED = 42
 DEFAULT_CACHE = os.environ.get("TRM_CACHE_DIR", str(Path.home() / ".cache" / "trm" / "datasets"))
@@ -190,7 +190,7 @@ class Trainer:
         self.is_writer = self.process_index == 0
         self.mesh = distributed.data_mesh()
         tc = self.train_cfg
-        check_batch_layout(tc["global_batch_size"], tc["micro_batches"], self.mesh.size)
+        check_train_config(tc, self.mesh.size)
         self._check_run_dir()
         if host_log is not None:
             host_log.attach(storage.join(run_dir, "logs", f"host-{self.process_index}.log"))
@@ -424,7 +424,8 @@ class Trainer:
             signal.signal(sig, stop)
 
     def _stop_requested(self, done: int) -> bool:
-        if self.process_count > 1:
+        # Without the preemption service (JAX_ENABLE_PREEMPTION_SERVICE=false) SIGTERM simply kills a host.
+        if self.process_count > 1 and jax.config.jax_enable_preemption_service:
             from jax.experimental import multihost_utils
 
             if multihost_utils.reached_preemption_sync_point(done):
