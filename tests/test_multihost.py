@@ -323,3 +323,27 @@ def test_remat_is_refused_with_a_pointer_to_micro_batches(data, tmp_path):
     assert done.returncode == 2
     assert "train.remat: true is not supported yet" in done.stdout and "train.micro_batches" in done.stdout
     assert not (tmp_path / "run").exists()
+
+
+def test_two_hosts_on_gcs(data, gcs_bucket, tmp_path):
+    """Dataset, config, checkpoints, metrics and per-host logs all on (emulated) GCS, as on a pod."""
+    from trm import storage
+    from trm.cli import main as trm
+
+    built = Path(data.removeprefix("file://")).parent / "built"
+    assert trm(["stage", str(built), f"{gcs_bucket}/data"]) == 0
+    run_dir = f"{gcs_bucket}/runs/easy-{{config_hash}}"
+    args = _train_args(f"{gcs_bucket}/data", Path("unused"), tmp_path / "cache", {"train.epochs": 2})
+    args[args.index("--run-dir") + 1] = run_dir
+    done = _launch(2, 1, args)
+    assert done.returncode == 0, done.stdout[-4000:]
+    (run,) = [
+        f"{gcs_bucket}/runs/{name}"
+        for name in storage.list_files(f"{gcs_bucket}/runs")
+        if name.endswith("_SUCCESS")
+    ]
+    run = run.removesuffix("/_SUCCESS")
+    final = json.loads(storage.read_text(f"{run}/final.json"))
+    assert run.endswith(f"easy-{final['config_hash']}")
+    assert final["processes"] == 2 and len(set(final["hosts_params_sha256"])) == 1
+    assert "host 1 of 2" in storage.read_text(f"{run}/logs/host-1.log")
