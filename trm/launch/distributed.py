@@ -13,6 +13,7 @@ instead of leaving them blocked in a collective (platform.md §4.2).
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import os
 import subprocess
@@ -213,6 +214,7 @@ def check_hosts_agree(what: str, value: str) -> None:
         raise UserError(f"hosts disagree on {what}: host 0 has {values[0]}; {detail}")
 
 
+@functools.cache
 def code_version() -> str:
     """Package version plus, in a git checkout, the commit and a digest of uncommitted changes to trm/."""
     try:

@@ -110,9 +110,12 @@ def _train(args: argparse.Namespace, host_log: HostLog) -> int:
 
 
 def _train_as_host(args: argparse.Namespace, host_log: HostLog) -> int:
-    """One process of a multi-host job. Failures end the process at once (os._exit, no Python cleanup):
-    a normal exit would wait in JAX's shutdown barrier for hosts that may be blocked in a collective.
-    The other hosts then fail on the lost heartbeat. Success and preemption exit normally, all together."""
+    """One process of a multi-host job: `_train`, but a failure ends the process at once.
+
+    os._exit skips Python's cleanup: a normal exit would wait in JAX's shutdown barrier for hosts that may be
+    blocked in a collective. The other hosts then fail on the lost heartbeat. Success and preemption exit
+    normally, all hosts together.
+    """
     try:
         return _train(args, host_log)
     except UserError as err:
