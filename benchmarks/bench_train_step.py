@@ -13,7 +13,9 @@ same total FLOP count as one train step. Reported per case:
   with --torch, to a PyTorch transcription of the step run here (trm.md §4-§8; needs `pip install torch`);
 - compile time (first call minus a steady step) and the compile count after warm-up (must stay 1).
 
-Absolute figures drift with machine load; compare the ratios. XLA_FLAGS, if set, is printed with the table.
+Absolute figures drift with machine load; compare the ratios. Each step is also timed in process CPU
+seconds, which load from other processes inflates far less than wall time (on a machine shared by other
+jobs, the "(cpu)" ratio is the steadier one). XLA_FLAGS, if set, is printed with the table.
 
     .venv/bin/python benchmarks/bench_train_step.py [--cases 512:float32 512:bfloat16 128:float32]
         [--batch 16] [--steps 5] [--torch]
@@ -22,6 +24,7 @@ Absolute figures drift with machine load; compare the ratios. XLA_FLAGS, if set,
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import time
@@ -33,6 +36,7 @@ import numpy as np
 from trm.config import load_config
 from trm.model.config import ModelConfig
 from trm.model.flops import flops_per_example_step
+from trm.model.layers import swiglu_width
 from trm.train.step import Model, TrainStep, init_state
 
 SUDOKU_META = {"vocab_size": 11, "seq_len": 81, "num_puzzle_identifiers": 1}
@@ -81,6 +85,110 @@ class MatmulBaseline:
         return timed(lambda: self.matmul(self.a, self.b))
 
 
+class TorchTrainStep:
+    """A plain PyTorch transcription of the original's train step (eager, as the original runs on CPU).
+
+    Sudoku MLP-T: embedding with the 16-position puzzle prefix, 2 post-norm blocks (MLP-T mixer normalised
+    over the sequence, channel SwiGLU), 2 no-grad recursions and 1 differentiated one (6 L cycles each),
+    lm and Q heads, stablemax cross-entropy in float64 plus Q-halt BCE, AdamATan2 and the EMA. Weights are
+    float32 masters cast to the forward dtype at use, as in the original's CastedLinear. The ACT carry
+    bookkeeping and the puzzle-embedding sign-SGD are left out (negligible work).
+    """
+
+    def __init__(self, width: int, dtype: str, batch: int, threads: int) -> None:
+        import torch
+
+        self.torch = torch
+        torch.manual_seed(0)
+        torch.set_num_threads(threads)
+        cfg = ModelConfig(**SUDOKU_META, hidden_size=width, forward_dtype=dtype)
+        self.cfg, self.dtype = cfg, getattr(torch, dtype)
+        length, inner_t, inner_c = cfg.total_len, swiglu_width(cfg.total_len, 4), swiglu_width(width, 4)
+
+        def weight(fan_in: int, fan_out: int) -> torch.Tensor:
+            return (torch.randn(fan_out, fan_in) / math.sqrt(fan_in)).requires_grad_()
+
+        self.params = {"embed": (torch.randn(cfg.vocab_size, width) / math.sqrt(width)).requires_grad_()}
+        for i in range(cfg.L_layers):
+            self.params |= {
+                f"{i}.mlp_t.gate_up": weight(length, 2 * inner_t),
+                f"{i}.mlp_t.down": weight(inner_t, length),
+                f"{i}.mlp.gate_up": weight(width, 2 * inner_c),
+                f"{i}.mlp.down": weight(inner_c, width),
+            }
+        self.params |= {"lm_head": weight(width, cfg.vocab_size), "q_head": weight(width, 2)}
+        self.adam = {name: (torch.zeros_like(p), torch.zeros_like(p)) for name, p in self.params.items()}
+        self.ema = {name: p.detach().clone() for name, p in self.params.items()}
+        self.step_count = 0
+        self.z_H = torch.randn(batch, length, width).to(self.dtype)
+        self.z_L = torch.randn(batch, length, width).to(self.dtype)
+        self.inputs = torch.randint(1, 11, (batch, cfg.seq_len))
+        self.labels = torch.randint(2, 11, (batch, cfg.seq_len))
+
+    def _linear(self, x, name: str):
+        return x @ self.params[name].to(x.dtype).t()
+
+    def _swiglu(self, x, name: str):
+        gate, up = self._linear(x, f"{name}.gate_up").chunk(2, dim=-1)
+        return self._linear(self.torch.nn.functional.silu(gate) * up, f"{name}.down")
+
+    def _rms(self, x):
+        x32 = x.float()
+        return (x32 * self.torch.rsqrt(x32.square().mean(-1, keepdim=True) + self.cfg.rms_norm_eps)).to(
+            x.dtype
+        )
+
+    def _net(self, h, injection):
+        h = h + injection
+        for i in range(self.cfg.L_layers):
+            t = h.transpose(1, 2)
+            h = self._rms(t + self._swiglu(t, f"{i}.mlp_t")).transpose(1, 2)
+            h = self._rms(h + self._swiglu(h, f"{i}.mlp"))
+        return h
+
+    def _recursion(self, z_H, z_L, x):
+        for _ in range(self.cfg.L_cycles):
+            z_L = self._net(z_L, z_H + x)
+        return self._net(z_H, z_L), z_L
+
+    def step(self) -> None:
+        torch, cfg = self.torch, self.cfg
+        tokens = self.params["embed"].to(self.dtype)[self.inputs]
+        prefix = torch.zeros(tokens.shape[0], cfg.prefix_len, cfg.hidden_size, dtype=self.dtype)
+        x = math.sqrt(cfg.hidden_size) * torch.cat([prefix, tokens], dim=1)
+        z_H, z_L = self.z_H, self.z_L
+        with torch.no_grad():
+            for _ in range(cfg.H_cycles - 1):
+                z_H, z_L = self._recursion(z_H, z_L, x)
+        z_H, z_L = self._recursion(z_H, z_L, x)
+        self.z_H, self.z_L = z_H.detach(), z_L.detach()
+        logits = self._linear(z_H[:, cfg.prefix_len :], "lm_head").double()
+        q_halt = self._linear(z_H[:, 0], "q_head")[:, 0].float()
+        s = torch.where(logits < 0, 1 / (1 - logits + 1e-30), logits + 1)
+        logprobs = torch.log(s / s.sum(-1, keepdim=True))
+        lm_loss = -logprobs.gather(-1, self.labels[..., None]).squeeze(-1).mean(-1)
+        correct = (logits.argmax(-1) == self.labels).all(-1).float()
+        q_loss = torch.nn.functional.binary_cross_entropy_with_logits(q_halt, correct, reduction="none")
+        ((lm_loss.float() + 0.5 * q_loss).sum() / logits.shape[0]).backward()
+        self._optimizer_step(lr=1e-4, betas=(0.9, 0.95), weight_decay=1.0, ema_rate=0.999)
+
+    def _optimizer_step(self, lr: float, betas: tuple[float, float], weight_decay: float, ema_rate: float):
+        torch = self.torch
+        self.step_count += 1
+        bias1, bias2 = 1 - betas[0] ** self.step_count, 1 - betas[1] ** self.step_count
+        with torch.no_grad():
+            for name, p in self.params.items():
+                m, v = self.adam[name]
+                m.lerp_(p.grad, 1 - betas[0])
+                v.lerp_(p.grad.square(), 1 - betas[1])
+                p.mul_(1 - lr * weight_decay).add_(torch.atan2(m / bias1, (v / bias2).sqrt()), alpha=-lr)
+                self.ema[name].lerp_(p, 1 - ema_rate)
+                p.grad = None
+
+    def time(self) -> tuple[float, float]:
+        return timed(self.step)
+
+
 def bench_case(width: int, dtype: str, batch: int, steps: int, torch_step) -> dict:
     overrides = [
         f"arch.hidden_size={width}",
@@ -124,6 +232,7 @@ def bench_case(width: int, dtype: str, batch: int, steps: int, torch_step) -> di
         "ratio_matmul_cpu": (one_step_flops / step_cpu_s) / (baseline.flops / matmul_cpu_s),
         "ratio_original": examples_per_s / ORIGINAL_EXAMPLES_PER_S.get((width, dtype), float("nan")),
         "torch_examples_per_s": batch / statistics.median(t[0] for t in torch_times) if torch_times else None,
+        "torch_cpu_s": statistics.median(t[1] for t in torch_times) if torch_times else None,
         "step_s": step_s,
         "step_cpu_s": step_cpu_s,
         "compile_s": first - step_s,
@@ -137,21 +246,24 @@ def print_table(rows: list[dict], batch: int) -> None:
     )
     header = (
         f"{'case':<14} {'ex/s':>6} {'GFLOP/s':>7} {'matmul GFLOP/s (n)':>18} {'/matmul':>7} {'(cpu)':>6} "
-        f"{'/original':>9} {'torch ex/s':>10} {'step s':>6} {'cpu s':>6} {'compile s':>9} {'compiles':>8}"
+        f"{'/original':>9} {'torch ex/s (cpu s)':>18} {'step s':>6} {'cpu s':>6} {'compile s':>9} {'compiles':>8}"
     )
     print(header)
     print("-" * len(header))
     for r in rows:
-        torch_text = "-" if r["torch_examples_per_s"] is None else f"{r['torch_examples_per_s']:.2f}"
+        torch_text = "-"
+        if r["torch_examples_per_s"] is not None:
+            torch_text = f"{r['torch_examples_per_s']:.2f} ({r['torch_cpu_s']:.2f})"
         matmul = f"{r['matmul_gflops']:.0f} ({r['matmul_n']})"
         print(
             f"{r['case']:<14} {r['examples_per_s']:6.2f} {r['gflops']:7.1f} {matmul:>18} "
-            f"{r['ratio_matmul']:7.2f} {r['ratio_matmul_cpu']:6.2f} {r['ratio_original']:9.2f} {torch_text:>10} "
+            f"{r['ratio_matmul']:7.2f} {r['ratio_matmul_cpu']:6.2f} {r['ratio_original']:9.2f} {torch_text:>18} "
             f"{r['step_s']:6.2f} {r['step_cpu_s']:6.2f} {r['compile_s']:9.1f} {r['compilations']:8d}"
         )
     print(
         "/matmul: achieved FLOP/s over the plain matmul's, from wall time and (cpu) from process CPU time;\n"
-        "/original: examples/s over the original PyTorch TRM's in spec performance.md (batch 16, 2 cores)"
+        "/original: examples/s over the original PyTorch TRM's in spec performance.md (batch 16, 2 cores);\n"
+        "cpu s: process CPU seconds per step (both threads); torch: the --torch transcription, same run"
     )
 
 
@@ -169,15 +281,19 @@ def main() -> None:
     )
     parser.add_argument("--batch", type=int, default=16, help="rows per train step (default 16)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per case after warm-up (default 5)")
-    parser.add_argument("--torch", action="store_true", help="also time a PyTorch transcription of the step")
+    parser.add_argument(
+        "--torch",
+        action="store_true",
+        help="also time a PyTorch transcription of the step (pip install torch)",
+    )
+    parser.add_argument("--torch-threads", type=int, default=2, help="torch.set_num_threads (default 2)")
     args = parser.parse_args()
     rows = []
     for width, dtype in args.cases:
         torch_step = None
         if args.torch:
-            from benchmarks.torch_train_step import TorchTrainStep
-
-            torch_step = TorchTrainStep(width, dtype, args.batch)
+            torch_step = TorchTrainStep(width, dtype, args.batch, args.torch_threads)
+            torch_step.step()  # warm-up
         rows.append(bench_case(width, dtype, args.batch, args.steps, torch_step))
         print(rows[-1], flush=True)
     print_table(rows, args.batch)
