@@ -173,6 +173,38 @@ class MetricsLog:
             storage.write_text(self.url, "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.records))
 
 
+class MetricWindow:
+    """Metric sums of the steps since the last train record.
+
+    Kept as device arrays (no host sync per step) and saved in each checkpoint's record, so a run resumed
+    mid-window logs exactly the records an uninterrupted run logs.
+    """
+
+    def __init__(self, steps: int = 0, sums: dict[str, float] | None = None) -> None:
+        self.steps = steps
+        self._parts: list[dict] = [sums] if sums else []
+
+    @classmethod
+    def from_record(cls, record: dict) -> MetricWindow:
+        saved = record.get("metric_window") or {"steps": 0, "sums": None}
+        return cls(saved["steps"], saved["sums"])
+
+    def add(self, metrics: dict) -> None:
+        self._parts.append(metrics)
+        self.steps += 1
+
+    def clear(self) -> None:
+        self._parts, self.steps = [], 0
+
+    def sums(self) -> dict[str, float]:
+        return {
+            k: float(sum(np.asarray(part[k], np.float64) for part in self._parts)) for k in self._parts[0]
+        }
+
+    def to_record(self) -> dict:
+        return {"steps": self.steps, "sums": self.sums() if self._parts else None}
+
+
 class Trainer:
     def __init__(
         self,
@@ -260,17 +292,19 @@ class Trainer:
             self.model, self.config, self.total_steps, self.train_cfg["global_batch_size"], self.mesh
         )
         start = self.checkpoints.latest_step()
+        window = MetricWindow()
         if start is not None:
-            state, _ = self.checkpoints.restore(start, state)
+            state, record = self.checkpoints.restore(start, state)
+            window = MetricWindow.from_record(record)
             print(f"resuming from step {start} of {self.total_steps}", file=sys.stderr)
         start = start or 0
         metrics_log = MetricsLog(storage.join(self.run_dir, "metrics.jsonl"), start, writer=self.is_writer)
         self._install_signal_handlers()
         started = time.time()
-        state = self._train(state, start, metrics_log)
+        state = self._train(state, start, metrics_log, window)
         if self._stop_signal is not None:
             step = int(state.step)
-            self._save(state, step, started)
+            self._save(state, step, started, window)
             self.checkpoints.wait()
             metrics_log.flush()
             print(f"stopped by signal {self._stop_signal} at step {step}; checkpoint saved", file=sys.stderr)
@@ -287,7 +321,7 @@ class Trainer:
             }
         )
         metrics_log.flush()
-        self._save(state, self.total_steps, started)
+        self._save(state, self.total_steps, started, window)
         self.checkpoints.wait()
         # Every host's own copy of the parameters, so a test (or a user) can see that all replicas agree.
         host_params = distributed.gather_strings(params_digest(state.params))
@@ -321,11 +355,13 @@ class Trainer:
         print(json.dumps({"final_test": final}), file=sys.stderr)
         return 0
 
-    def _train(self, state: TrainState, start: int, metrics_log: MetricsLog) -> TrainState:
+    def _train(
+        self, state: TrainState, start: int, metrics_log: MetricsLog, window: MetricWindow
+    ) -> TrainState:
+        """Train from step `start`; `window` holds the metrics of steps since the last train record."""
         from tqdm import tqdm
 
         tc = self.train_cfg
-        window: list[dict] = []
         window_start = time.time()
         progress = tqdm(
             total=self.total_steps,
@@ -338,7 +374,7 @@ class Trainer:
             cycles = cycles_at(self.batches.epoch_at(step), self.config)
             exploration = halt_exploration_at(step, self.total_steps, self.config)
             state, metrics = self.train_step(state, self.batches.batch(step).as_dict(), exploration, cycles)
-            window.append(metrics)
+            window.add(metrics)
             done = step + 1
             progress.update(1)
             if done % self.log_every == 0 or done == self.total_steps:
@@ -346,7 +382,8 @@ class Trainer:
                 metrics_log.add(record)
                 if self.wandb:
                     self.wandb.log({f"train/{k}": v for k, v in record.items()}, step=done)
-                window, window_start = [], time.time()
+                window.clear()
+                window_start = time.time()
             end_of_interval = done % self.batches.batches_per_iter == 0 and done < self.total_steps
             if end_of_interval:
                 evaluation = self._evaluate(state, limit=tc["eval_subset"])
@@ -363,7 +400,7 @@ class Trainer:
                 progress.write(f"step {done}: eval exact_accuracy {evaluation['exact_accuracy']:.4f}")
             if end_of_interval or (self.checkpoints.due(done) and done < self.total_steps):
                 metrics_log.flush()
-                self._save(state, done, window_start)
+                self._save(state, done, window_start, window)
             if self.host_log is not None:
                 self.host_log.maybe_flush()
             if self._stop_requested(done):
@@ -371,9 +408,9 @@ class Trainer:
         progress.close()
         return state
 
-    def _train_record(self, step: int, window: list[dict], seconds: float, cycles, exploration) -> dict:
-        sums = {k: float(sum(np.asarray(m[k]) for m in window)) for k in window[0]}
-        examples = len(window) * self.train_cfg["global_batch_size"]
+    def _train_record(self, step: int, window: MetricWindow, seconds: float, cycles, exploration) -> dict:
+        sums = window.sums()
+        examples = window.steps * self.train_cfg["global_batch_size"]
         count = max(sums["count"], 1.0)
         return {
             "kind": "train",
@@ -406,11 +443,12 @@ class Trainer:
         count = max(sums.pop("count"), 1.0)
         return {"count": count, **{k: v / count for k, v in sums.items()}}
 
-    def _save(self, state: TrainState, step: int, started: float) -> None:
+    def _save(self, state: TrainState, step: int, started: float, window: MetricWindow) -> None:
         record = {
             "config_hash": config_hash(self.config),
             "epoch": self.batches.epoch_at(step),
             "wall_seconds": time.time() - started,
+            "metric_window": window.to_record(),
         }
         self.checkpoints.save(step, state, record)
 
