@@ -316,15 +316,6 @@ def test_batch_not_divisible_by_devices_is_rejected_before_compiling(data, tmp_p
     assert not (tmp_path / "run").exists()
 
 
-def test_remat_is_refused_with_a_pointer_to_micro_batches(data, tmp_path):
-    done = _launch(
-        1, 1, _train_args(data, tmp_path / "run", tmp_path / "cache", {"train.remat": True}), timeout=90
-    )
-    assert done.returncode == 2
-    assert "train.remat: true is not supported yet" in done.stdout and "train.micro_batches" in done.stdout
-    assert not (tmp_path / "run").exists()
-
-
 def test_two_hosts_on_gcs(data, gcs_bucket, tmp_path):
     """Dataset, config, checkpoints, metrics and per-host logs all on (emulated) GCS, as on a pod."""
     from trm import storage

@@ -248,3 +248,36 @@ def test_run_dir_refuses_a_different_config(easy_data, tmp_path):
     assert done.returncode == 2
     assert "config.json" in done.stderr and "--run-dir" in done.stderr
     assert os.listdir(run) == ["config.json"]
+
+
+def test_remat_recomputes_the_differentiated_recursion_with_the_same_gradients(easy_data, tmp_path):
+    import re
+
+    import jax
+
+    from trm.config import load_config
+    from trm.data.format import load_split
+    from trm.data.verify import fetch_dataset
+    from trm.model.config import ModelConfig
+    from trm.train.data import TrainBatches
+    from trm.train.step import Model, TrainStep, init_state
+
+    sets = {**TINY, "arch.hidden_size": 64, "arch.L_cycles": 4, "train.global_batch_size": 16}
+    split = load_split(fetch_dataset(easy_data, tmp_path / "cache"), "train")
+    batch = TrainBatches(split, 16, 1, seed=0).batch(0).as_dict()
+    grads, matmuls = {}, {}
+    for remat in (False, True):
+        overrides = [f"{k}={v}" for k, v in {**sets, "train.remat": remat}.items()]
+        config = load_config("config/base.yaml", overrides, base=None)
+        model = Model(ModelConfig.from_dict(config["arch"], split.metadata), seed=0)
+        step = TrainStep(model, config, total_steps=10)
+        state = init_state(model, config, 10, 16)
+        grads[remat] = step.gradients(state, batch, 0.0, (2, 4))[2]
+        compiled = step.lower(state, batch, 0.0, (2, 4)).compile().as_text()
+        matmuls[remat] = len(re.findall(r" dot\(", compiled))
+    for plain, rematerialised in zip(
+        jax.tree.leaves(grads[False]), jax.tree.leaves(grads[True]), strict=True
+    ):
+        np.testing.assert_allclose(np.asarray(rematerialised), np.asarray(plain), rtol=1e-5, atol=1e-7)
+    # The backward pass recomputes the forward of the differentiated net calls instead of storing them.
+    assert matmuls[True] > matmuls[False], matmuls

@@ -71,6 +71,7 @@ def act_step(
     max_steps: int | None = None,
     H_cycles: int | None = None,
     L_cycles: int | None = None,
+    remat: bool = False,
 ) -> tuple[Carry, StepOutputs]:
     """One supervision step for every row: reset and refill halted rows, recurse, decide halting.
 
@@ -78,7 +79,7 @@ def act_step(
     training: static. In training, `rng` is required for exploration; `exploration_prob` may be a traced
     scalar (annealing does not recompile), default the config's halt_exploration_prob.
     max_steps: static; default halt_max_steps. In evaluation it is the fixed number of steps.
-    H_cycles, L_cycles: static depth overrides (curriculum).
+    H_cycles, L_cycles: static depth overrides (curriculum). remat: static, see TRM.__call__.
     Returns the new, detached carry and the outputs. The loss reads labels/halted/steps from the new carry.
     """
     cfg = model.cfg
@@ -92,7 +93,7 @@ def act_step(
     puzzle_identifiers = _rows(reset, batch["puzzle_identifiers"].astype(jnp.int32), carry.puzzle_identifiers)
 
     z_H, z_L, logits, q_logits = model(
-        z_H, z_L, inputs, puzzle_identifiers, H_cycles=H_cycles, L_cycles=L_cycles
+        z_H, z_L, inputs, puzzle_identifiers, H_cycles=H_cycles, L_cycles=L_cycles, remat=remat
     )
     q_halt, q_continue = q_logits[:, 0], q_logits[:, 1]
 

@@ -80,16 +80,19 @@ class TRM(nnx.Module):
         return h
 
     def recursion(
-        self, z_H: jax.Array, z_L: jax.Array, x: jax.Array, L_cycles: int
+        self, z_H: jax.Array, z_L: jax.Array, x: jax.Array, L_cycles: int, remat: bool = False
     ) -> tuple[jax.Array, jax.Array]:
         """One recursion on [B, S, D] latents: z_L <- net(z_L, z_H + x) L_cycles times, then z_H <- net(z_H, z_L).
 
         The net runs sequence-major; between consecutive recursions XLA cancels the transposes back and forth.
+        remat: keep only each net call's inputs for the backward pass and recompute the rest (one more
+        forward of the recursion, activation memory of one net call instead of L_cycles + 1).
         """
+        net = nnx.remat(TRM.net) if remat else TRM.net
         z_H, z_L, x = (a.swapaxes(0, 1) for a in (z_H, z_L, x))
         for _ in range(L_cycles):
-            z_L = self.net(z_L, z_H + x)
-        z_H = self.net(z_H, z_L)
+            z_L = net(self, z_L, z_H + x)
+        z_H = net(self, z_H, z_L)
         return z_H.swapaxes(0, 1), z_L.swapaxes(0, 1)
 
     def __call__(
@@ -101,6 +104,7 @@ class TRM(nnx.Module):
         *,
         H_cycles: int | None = None,
         L_cycles: int | None = None,
+        remat: bool = False,
     ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
         """One supervision step from the carried latents.
 
@@ -108,6 +112,7 @@ class TRM(nnx.Module):
         default from the config) let a curriculum change the depth; each distinct value compiles once.
         Returns (z_H, z_L, logits [B, seq_len, vocab] in the forward dtype, q_logits [B, 2] float32 with
         column 0 = halt, 1 = continue). The returned latents are not detached; the ACT step detaches them.
+        remat (static) rematerialises the net calls of the differentiated recursion (train.remat).
         """
         H_cycles = self.cfg.H_cycles if H_cycles is None else H_cycles
         L_cycles = self.cfg.L_cycles if L_cycles is None else L_cycles
@@ -115,7 +120,7 @@ class TRM(nnx.Module):
         for _ in range(H_cycles - 1):
             z_H, z_L = self.recursion(z_H, z_L, x, L_cycles)
         z_H, z_L = jax.lax.stop_gradient((z_H, z_L))
-        z_H, z_L = self.recursion(z_H, z_L, x, L_cycles)
+        z_H, z_L = self.recursion(z_H, z_L, x, L_cycles, remat=remat)
         logits = self.lm_head(z_H[:, self.cfg.prefix_len :])
         # Q head in float32 (the original computes it in the forward dtype and upcasts).
         q_logits = self.q_head(z_H[:, 0].astype(jnp.float32))

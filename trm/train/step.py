@@ -11,7 +11,7 @@ parameters, optimizer states and EMA are replicated, the ACT carry and the batch
 the gradient all-reduce and fuses it into one combined all-reduce per (micro-)batch. Gradient accumulation
 (`train.micro_batches` = k) runs the supervision step on k interleaved row subsets in a `lax.scan` and sums the
 gradients; the loss is normalised by the global batch, so the sum equals the one-batch gradient.
-`train.remat` is refused (see `TrainStep`): only the model can rematerialise in useful segments.
+`train.remat` rematerialises each net call of the differentiated recursion (TRM.__call__).
 """
 
 from __future__ import annotations
@@ -103,14 +103,6 @@ def state_shardings(state: TrainState, mesh: Mesh) -> TrainState:
 
 def check_train_config(train: dict, num_devices: int) -> None:
     """Refuse, before anything compiles or is written, what the train step cannot run on `num_devices`."""
-    if train["remat"]:
-        # jax.checkpoint around the whole step was measured to save no memory (the backward pass recomputes
-        # every activation of the step at once) at 5x the time; it must wrap each net call inside
-        # trm/model/trm.py, which does not offer that yet. Micro-batches do cut activation memory.
-        raise UserError(
-            "train.remat: true is not supported yet (it needs rematerialisation inside the model's "
-            "recursion); use train.micro_batches to reduce activation memory"
-        )
     # Every device must get the same whole number of rows of every micro-batch.
     batch, parts = train["global_batch_size"], train["micro_batches"]
     if batch % (parts * num_devices):
@@ -189,6 +181,7 @@ class TrainStep:
                 exploration_prob=exploration_prob,
                 H_cycles=cycles[0],
                 L_cycles=cycles[1],
+                remat=self.config["train"]["remat"],
             )
             loss, metrics = act_loss(
                 outputs, new_carry, global_batch_size=self.global_batch_size, loss=self.model.cfg.loss
