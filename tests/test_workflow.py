@@ -65,8 +65,10 @@ def planned_jobs(
             kinds["build_dataset"] += 1
         elif path.parent.name == "staged":
             kinds["stage_dataset"] += 1
-        elif path.parent.name == "eval":
+        elif path.parent.name == "eval" and path.name.endswith("-steps.json"):
             kinds["evaluate"] += 1
+        elif path.parent.name == "eval" and path.suffix == ".json":
+            kinds["run_metrics"] += 1
         elif path.parent.name == "plots" and path.suffix == ".png":
             kinds["plot_group"] += 1
         elif path.name == "table.csv":
@@ -85,11 +87,14 @@ def parse_error(workdir: Path, config: dict | None = None) -> str:
 
 def test_dry_run_of_all_plans_67_trainings_on_10_datasets(workdir):
     jobs = planned_jobs(workdir)
+    distinct_runs = len({exp.hash for exp in plan_study("smoke")})
+    assert distinct_runs < 67  # every group's baseline is one run, trained and evaluated once
     assert jobs == {
         "build_dataset": 10,
         "stage_dataset": 10,
         "train": 67,
-        "evaluate": 67,
+        "evaluate": distinct_runs,
+        "run_metrics": 67,
         "aggregate": 1,
         "plot_group": 14,
     }
@@ -104,6 +109,7 @@ def test_one_experiment_by_output_path_or_config_and_one_group(workdir):
         "stage_dataset": 1,
         "train": 1,
         "evaluate": 1,
+        "run_metrics": 1,
         "aggregate": 1,
         "plot_group": 1,
     }
@@ -163,6 +169,8 @@ def test_bad_workflow_settings_are_rejected(workdir):
     assert "huge" in message and "smoke" in message and "paper" in message
     message = parse_error(workdir, {"launch": {"hosts": "two"}})
     assert "two" in message and "integer" in message
+    message = parse_error(workdir, {"test_time_steps": {"smoke": [16, 0]}})
+    assert "test_time_steps" in message and "minimum" in message
     # Ids reach file paths and shell commands.
     message = parse_error(workdir, {"experiments": ["exp01a; rm -rf /"]})
     assert "exp01a; rm -rf /" in message and "^[a-z0-9_]+$" in message
@@ -261,7 +269,9 @@ def test_collect_run_refuses_an_unfinished_run(tmp_path, capsys):
 # ---------------------------------------------------------------------------------------------- end to end
 
 
-def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_nothing(workdir):
+def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_nothing(
+    workdir, tmp_path_factory, capsys
+):
     config = ["--config", "experiments=[exp01a,exp04a_100]"]
     run = subprocess.run(
         [SNAKEMAKE, "--cores", "2", *config], cwd=workdir, capture_output=True, text=True, timeout=900
@@ -277,7 +287,38 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     assert pd.read_parquet(results / "table.parquet")["id"].tolist() == ["exp01a", "exp04a_100"]
     for group in ("exp01", "exp04a"):
         assert (results / f"plots/{group}.png").stat().st_size > 1000
-        assert "<svg" in (results / f"plots/{group}.svg").read_text()
+        svg = (results / f"plots/{group}.svg").read_text()
+        assert "<svg" in svg and "accuracy vs test-time supervision steps" in svg
+    # Test-time scaling: each run's last checkpoint scored at the smoke test_time_steps by `trm evaluate`.
+    test_time = pd.read_csv(results / "table-test-time.csv")
+    assert list(zip(test_time["id"], test_time["steps"], strict=True)) == [
+        ("exp01a", 16),
+        ("exp01a", 32),
+        ("exp04a_100", 16),
+        ("exp04a_100", 32),
+    ]
+    assert list(test_time["baseline"]) == [False, False, False, False]
+    assert test_time["exact_accuracy"].between(0, 1).all() and test_time["accuracy"].between(0, 1).all()
+    evaluation = json.loads((results / "eval/exp01a-steps.json").read_text())
+    assert evaluation["results"][0]["count"] == 16 and evaluation["weights"] in ("ema", "params")
+    # At the training halt limit (16 steps) `trm evaluate` reproduces the trainer's final test evaluation.
+    at_halt_limit = test_time[test_time["steps"] == 16].set_index("id")
+    for row in table.itertuples():
+        assert at_halt_limit.loc[row.id, "exact_accuracy"] == pytest.approx(row.test_exact_accuracy, abs=1e-6)
+        assert at_halt_limit.loc[row.id, "accuracy"] == pytest.approx(row.test_cell_accuracy, abs=1e-5)
+    # An evaluation of another checkpoint than the one the run finished with is refused.
+    stale = tmp_path_factory.mktemp("stale") / "exp01a-steps.json"
+    stale.write_text(json.dumps({**evaluation, "checkpoint_step": evaluation["checkpoint_step"] - 1}))
+    args = [
+        "run-metrics",
+        str(results / "runs/exp01a"),
+        "--test-time",
+        str(stale),
+        "--output",
+        str(stale) + ".out",
+    ]
+    assert trm_main(args) == 2
+    assert "finished at step" in capsys.readouterr().err and not Path(str(stale) + ".out").exists()
     # The run dir in storage is named by the config hash, and holds the resolved config.
     run_config = json.loads((results / "runs/exp01a/config.json").read_text())
     assert (workdir / f"results/storage/smoke/runs/{table.loc[0, 'config_hash']}/_SUCCESS").exists()
@@ -303,4 +344,4 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     exp_file = workdir / "config/experiments/exp01a.yaml"
     exp_file.write_text(exp_file.read_text().replace("num_heads: 4", "num_heads: 2"))
     jobs = planned_jobs(workdir, {"experiments": ["exp01a", "exp04a_100"]})
-    assert jobs == {"train": 1, "evaluate": 1, "aggregate": 1, "plot_group": 2}
+    assert jobs == {"train": 1, "evaluate": 1, "run_metrics": 1, "aggregate": 1, "plot_group": 2}

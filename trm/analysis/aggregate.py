@@ -1,12 +1,13 @@
-"""Gather every run of the study into one table (CSV and Parquet) and the evaluation curves (CSV).
+"""Gather every run of the study into one table (CSV and Parquet), the evaluation curves and test-time scaling (CSV).
 
     trm aggregate --results results/smoke --groups config/groups.yaml --devices 1 \
         --peak-flops 5e10 --utilization 0.1 --test-puzzles 32 --output results/smoke/table exp01a exp01b ...
 
 Reads, per experiment id, RESULTS/runs/<id>/config.json (the resolved config), RESULTS/eval/<id>.json
 (`trm run-metrics`) and RESULTS/benchmarks/train/<id>.tsv (Snakemake's benchmark of the training job: wall
-time). Writes OUTPUT.csv, OUTPUT.parquet (one row per run) and OUTPUT-curves.csv (test exact accuracy per
-evaluation). Accelerator-hours are measured wall hours x devices (experiments with equal configs share one
+time). Writes OUTPUT.csv, OUTPUT.parquet (one row per run), OUTPUT-curves.csv (test exact accuracy per
+evaluation during training) and OUTPUT-test-time.csv (test accuracy per number of supervision steps at test time,
+one row per run and step count). Accelerator-hours are measured wall hours x devices (experiments with equal configs share one
 run and report the wall time of the job that trained it); the estimate column uses the FLOPs model of
 trm.analysis.estimate at the given peak FLOP/s and utilization.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from trm.analysis.estimate import accelerator_hours, model_costs, run_flops
+from trm.analysis.run_metrics import TEST_TIME_FIELDS
 from trm.config import load_groups
 from trm.errors import UserError
 
@@ -38,6 +40,7 @@ METRIC_COLUMNS = (
     "steps",
     "epochs",
 )
+TEST_TIME_COLUMNS = ("id", "group", "baseline", *TEST_TIME_FIELDS)
 
 
 def _get(config: dict, dotted: str):
@@ -68,8 +71,9 @@ def aggregate(
     peak_flops: float,
     utilization: float,
     test_puzzles: int,
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(runs, curves): one row per run with its config's varied keys, costs and metrics; one row per evaluation."""
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(runs, curves, test_time): one row per run with its config's varied keys, costs and metrics; one row per
+    evaluation during training; one row per run and test-time step count."""
     groups = {
         m: g for g in load_groups(groups_path, groups_path.parent / "experiments") for m in g["members"]
     }
@@ -77,11 +81,12 @@ def aggregate(
         {k for g in groups.values() for k in g["varies"]}
         | {p["x"] for g in groups.values() for p in g["plots"] if "." in p["x"]}
     )
-    rows, curves = [], []
+    rows, curves, test_time = [], [], []
     for exp_id in ids:
         config = _read_json(results / "runs" / exp_id / "config.json")
         metrics = _read_json(results / "eval" / f"{exp_id}.json")
         group = groups[exp_id]
+        is_baseline = exp_id == group["baseline"]
         costs = model_costs(config)
         flops = run_flops(config, costs, test_puzzles)
         wall = _wall_seconds(results / "benchmarks" / "train" / f"{exp_id}.tsv")
@@ -90,7 +95,7 @@ def aggregate(
             {
                 "id": exp_id,
                 "group": group["id"],
-                "baseline": exp_id == group["baseline"],
+                "baseline": is_baseline,
                 "varied": ", ".join(f"{k.split('.')[-1]}={_get(config, k)}" for k in group["varies"]),
                 "config_hash": metrics["config_hash"],
                 "parameter_count": costs["parameter_count"],
@@ -105,11 +110,19 @@ def aggregate(
             }
         )
         curves += [{"id": exp_id, "group": group["id"], **point} for point in metrics["curve"]]
+        test_time += [
+            {"id": exp_id, "group": group["id"], "baseline": is_baseline, **result}
+            for result in metrics["test_time"]
+        ]
     table = pd.DataFrame(rows)
     # Experiments sharing a config share one run: the job that trained it holds the run's wall time.
     for column in ("wall_time_s", "accelerator_hours"):
         table[column] = table.groupby("config_hash")[column].transform("max")
-    return table, pd.DataFrame(curves, columns=["id", "group", "epoch", "test_exact_accuracy"])
+    return (
+        table,
+        pd.DataFrame(curves, columns=["id", "group", "epoch", "test_exact_accuracy"]),
+        pd.DataFrame(test_time, columns=TEST_TIME_COLUMNS),
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -125,12 +138,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--test-puzzles", type=int, required=True, help="test puzzles of one final evaluation"
     )
     parser.add_argument(
-        "--output", required=True, help="output path without suffix (.csv, .parquet, -curves.csv)"
+        "--output",
+        required=True,
+        help="output path without suffix (.csv, .parquet, -curves.csv, -test-time.csv)",
     )
 
 
 def main(args: argparse.Namespace) -> int:
-    runs, curves = aggregate(
+    runs, curves, test_time = aggregate(
         args.ids,
         args.results,
         args.groups,
@@ -144,5 +159,9 @@ def main(args: argparse.Namespace) -> int:
     runs.to_csv(output.with_suffix(".csv"), index=False)
     runs.to_parquet(output.with_suffix(".parquet"), index=False)
     curves.to_csv(output.with_name(output.name + "-curves.csv"), index=False)
-    print(f"wrote {output}.csv and .parquet ({len(runs)} runs) and {output.name}-curves.csv")
+    test_time.to_csv(output.with_name(output.name + "-test-time.csv"), index=False)
+    print(
+        f"wrote {output}.csv and .parquet ({len(runs)} runs), {output.name}-curves.csv and "
+        f"{output.name}-test-time.csv"
+    )
     return 0

@@ -6,7 +6,8 @@ Reads TABLE.csv and TABLE-curves.csv (`trm aggregate`). Each panel is one `plots
 the members on x (a config key, a metric or `member`), `pareto` scatters them and draws the front of runs no
 other run beats on both axes, `curve` draws test accuracy over training per member. The group's baseline is
 drawn as a star (a thick black line for curves). A metric the runs did not measure is shown as an empty panel
-saying so.
+saying so. A last panel, on every group, draws test exact accuracy against the number of supervision steps at
+test time per member, from TABLE-test-time.csv (`trm evaluate` at the workflow's test_time_steps).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ LABELS = {
     "examples_per_second": "training throughput (examples/s)",
     "step_time_s": "training step time (s)",
     "epoch": "training epochs",
+    "test_time_steps": "test-time supervision steps (count, log scale)",
     "mean_halt_steps": "mean halt steps (supervision steps)",
     "halt_steps_variance": "halt-step variance (steps²)",
     "test_exact_accuracy": "test exact accuracy (fraction of puzzles)",
@@ -113,10 +115,42 @@ def _panel(ax, plot: dict, group: dict, runs: pd.DataFrame, curves: pd.DataFrame
         ax.legend(fontsize="small")
 
 
+def _test_time_panel(ax, group: dict, test_time: pd.DataFrame) -> None:
+    """Test exact accuracy after each evaluated number of supervision steps, one line per member."""
+    ax.set_title("accuracy vs test-time supervision steps", fontsize="medium")
+    ax.set_xlabel(label("test_time_steps"))
+    ax.set_ylabel(label("test_exact_accuracy"))
+    ax.grid(alpha=0.3)
+    ax.set_xscale("log", base=2)
+    steps = sorted(test_time["steps"].unique())
+    ax.set_xticks(steps, [str(k) for k in steps])
+    ax.minorticks_off()
+    for member in group["members"]:
+        points = test_time[test_time["id"] == member].sort_values("steps")
+        if points.empty:
+            continue
+        is_base = member == group["baseline"]
+        ax.plot(
+            points["steps"],
+            points["exact_accuracy"],
+            marker="*" if is_base else "o",
+            markersize=12 if is_base else 5,
+            color="black" if is_base else None,
+            linewidth=2.5 if is_base else 1.2,
+            label=f"{member} (baseline)" if is_base else member,
+        )
+    ax.legend(fontsize="small")
+
+
 def plot_group(
-    group_id: str, runs: pd.DataFrame, curves: pd.DataFrame, groups_path: Path, output: Path
+    group_id: str,
+    runs: pd.DataFrame,
+    curves: pd.DataFrame,
+    test_time: pd.DataFrame,
+    groups_path: Path,
+    output: Path,
 ) -> None:
-    """Write OUTPUT.png and OUTPUT.svg for one group."""
+    """Write OUTPUT.png and OUTPUT.svg for one group: its plots of groups.yaml, then accuracy vs test-time steps."""
     groups = {g["id"]: g for g in load_groups(groups_path, groups_path.parent / "experiments")}
     if group_id not in groups:
         raise UserError(f"unknown group {group_id!r}: one of {', '.join(groups)}")
@@ -124,10 +158,14 @@ def plot_group(
     runs = runs[runs["group"] == group_id]
     if runs.empty:
         raise UserError(f"the table has no run of group {group_id}")
+    test_time = test_time[test_time["group"] == group_id]
+    if test_time.empty:
+        raise UserError(f"the test-time table has no run of group {group_id}")
     plots = group["plots"]
-    fig, axes = plt.subplots(1, len(plots), figsize=(6 * len(plots), 4.5), squeeze=False)
-    for ax, plot in zip(axes[0], plots, strict=True):
+    fig, axes = plt.subplots(1, len(plots) + 1, figsize=(6 * (len(plots) + 1), 4.5), squeeze=False)
+    for ax, plot in zip(axes[0], plots, strict=False):
         _panel(ax, plot, group, runs, curves[curves["group"] == group_id])
+    _test_time_panel(axes[0][-1], group, test_time)
     fig.suptitle(f"{group_id}: {group['title']}")
     fig.tight_layout()
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -138,7 +176,11 @@ def plot_group(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("group", help="group id, e.g. exp01")
-    parser.add_argument("--table", required=True, help="path of the aggregate table without suffix")
+    parser.add_argument(
+        "--table",
+        required=True,
+        help="aggregate table path without suffix (reads .csv, -curves.csv, -test-time.csv)",
+    )
     parser.add_argument("--groups", required=True, type=Path, help="config/groups.yaml")
     parser.add_argument("--output", required=True, type=Path, help="output path without suffix (.png, .svg)")
 
@@ -146,5 +188,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     runs = pd.read_csv(f"{args.table}.csv")
     curves = pd.read_csv(f"{args.table}-curves.csv")
-    plot_group(args.group, runs, curves, args.groups, args.output)
+    test_time = pd.read_csv(f"{args.table}-test-time.csv")
+    plot_group(args.group, runs, curves, test_time, args.groups, args.output)
     return 0

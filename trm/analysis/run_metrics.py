@@ -1,8 +1,10 @@
 """Summarise one finished run (its collected config.json, metrics.jsonl and final.json) as one JSON record.
 
-    trm run-metrics LOCAL_RUN_DIR --output results/smoke/eval/exp01a.json
+    trm run-metrics LOCAL_RUN_DIR --test-time eval/exp01a-steps.json --output eval/exp01a.json
 
 The test figures are the trainer's final evaluation on the full test split (EMA weights when EMA is on).
+`test_time` holds the run's `trm evaluate` results (--test-time): test accuracy after each evaluated number of
+supervision steps, from the run's last checkpoint (refused if that is not the checkpoint the run finished with).
 Train-side figures come from metrics.jsonl: mean halt steps and train exact accuracy average the train records of
 the last evaluation interval; throughput is the median over train records after the first (which includes
 compilation). A figure the run did not measure is null, e.g. raw-weight accuracy or the halt-step variance.
@@ -18,14 +20,24 @@ from pathlib import Path
 from trm.errors import UserError
 
 TARGET_ACCURACY = 0.85  # contrib01's "epochs to 85%"
+# The per-step-count figures of `trm evaluate` kept for the table.
+TEST_TIME_FIELDS = (
+    "steps",
+    "exact_accuracy",
+    "accuracy",
+    "q_halt_accuracy",
+    "mean_halt_step",
+    "halted_fraction",
+    "halt_exact_accuracy",
+)
 
 
 def _read_records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def summarize_run(run_dir: str | Path) -> dict:
-    """The metrics of one run as a flat mapping (see the module docstring); floats or None."""
+def summarize_run(run_dir: str | Path, test_time_path: str | Path) -> dict:
+    """The metrics of one run as a flat mapping (see the module docstring); floats or None, plus lists."""
     run_dir = Path(run_dir)
     try:
         final = json.loads((run_dir / "final.json").read_text())
@@ -33,6 +45,15 @@ def summarize_run(run_dir: str | Path) -> dict:
         records = _read_records(run_dir / "metrics.jsonl")
     except FileNotFoundError as err:
         raise UserError(f"{run_dir}: not a collected run ({err.filename} missing)") from None
+    try:
+        test_time = json.loads(Path(test_time_path).read_text())
+    except FileNotFoundError:
+        raise UserError(f"{test_time_path}: missing (the run's `trm evaluate` output)") from None
+    if test_time["checkpoint_step"] != final["steps"]:
+        raise UserError(
+            f"{test_time_path}: evaluates the checkpoint of step {test_time['checkpoint_step']}, but the run "
+            f"in {run_dir} finished at step {final['steps']}"
+        )
     train = [r for r in records if r["kind"] == "train"]
     evals = [r for r in records if r["kind"] == "eval"]
     interval = config["train"]["eval_interval"]
@@ -60,16 +81,20 @@ def summarize_run(run_dir: str | Path) -> dict:
         else None,
         "epochs_to_85pct": min(reached) if reached else None,
         "curve": [{"epoch": r["epoch"], "test_exact_accuracy": r["exact_accuracy"]} for r in evals],
+        "test_time": [{key: result[key] for key in TEST_TIME_FIELDS} for result in test_time["results"]],
     }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", help="local folder holding config.json, metrics.jsonl and final.json")
+    parser.add_argument(
+        "--test-time", required=True, help="the run's `trm evaluate` JSON (accuracy per supervision steps)"
+    )
     parser.add_argument("--output", required=True, help="JSON file to write")
 
 
 def main(args: argparse.Namespace) -> int:
-    summary = summarize_run(args.run_dir)
+    summary = summarize_run(args.run_dir, args.test_time)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     return 0

@@ -1,4 +1,4 @@
-# Analysis: one table of all selected runs, one plot per group, and the captions the HTML report shows them with.
+# Analysis: one table of all selected runs (with companion CSVs), one plot per group, and the captions the HTML report shows them with.
 
 
 rule aggregate:
@@ -15,6 +15,7 @@ rule aggregate:
         ),
         parquet=TABLE_FILES[1],
         curves=f"{TABLE}-curves.csv",
+        test_time=f"{TABLE}-test-time.csv",
     params:
         trm=TRM,
         ids=" ".join(PLAN),
@@ -37,6 +38,7 @@ rule plot_group:
     input:
         csv=TABLE_FILES[0],
         curves=f"{TABLE}-curves.csv",
+        test_time=f"{TABLE}-test-time.csv",
         groups="config/groups.yaml",
     output:
         png=report(

@@ -58,6 +58,14 @@ SELECTED_GROUPS = list(dict.fromkeys(exp.group for exp in PLAN.values()))
 DATASETS = sorted({exp.dataset for exp in PLAN.values()})
 SOFTWARE = "../envs/trm.yaml"  # every rule's conda environment (relative to the rule files)
 DEVICES = config["launch"]["hosts"] * config["launch"]["devices_per_host"]
+TEST_TIME_STEPS = ",".join(map(str, config["test_time_steps"][config["scale"]]))
+# Puzzles per `trm evaluate` batch: no larger than the test split, since padding rows cost as much as real ones.
+EVAL_BATCH_SIZE = min(256, TEST_PUZZLES[config["scale"]])
+# A persistent XLA cache: the study's many same-shaped configs (every group's baseline) compile once.
+JAX_CACHE_ENV = (
+    f"env JAX_COMPILATION_CACHE_DIR={shlex.quote(os.path.join(config['results'], '.cache', 'jax'))} "
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0"
+)
 
 
 wildcard_constraints:
@@ -99,9 +107,19 @@ print(
 )
 
 
+def first_with_same_run(exp_id):
+    """The experiment whose job trains and evaluates the run `exp_id` shares (itself when it is the first)."""
+    return FIRST_WITH_HASH[PLAN[exp_id].hash]
+
+
 def same_run_trained_first(wildcards):
-    first = FIRST_WITH_HASH[PLAN[wildcards.exp].hash]
+    first = first_with_same_run(wildcards.exp)
     return [] if first == wildcards.exp else [os.path.join(RESULTS, "runs", first, "final.json")]
+
+
+def shared_evaluation(wildcards):
+    """The test-time evaluation of the run an experiment shares (made by the first experiment with that run)."""
+    return os.path.join(RESULTS, "eval", f"{first_with_same_run(wildcards.exp)}-steps.json")
 
 
 def dataset_url(dataset):
@@ -115,8 +133,6 @@ def run_url(exp_id):
 def train_command(exp):
     """The one command that trains an experiment; everything after `--` is `trm train`'s arguments."""
     launch = config["launch"]
-    # A persistent XLA cache: the study's many same-shaped configs (every group's baseline) compile once.
-    cache = os.path.join(config["results"], ".cache", "jax")
     train_args = [
         "--config",
         str(exp.path),
@@ -127,14 +143,13 @@ def train_command(exp):
         run_url(exp.id),
     ]
     return (
-        f"env JAX_COMPILATION_CACHE_DIR={shlex.quote(cache)} JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 "
-        f"{TRM} launch --backend local --hosts {launch['hosts']} --devices-per-host {launch['devices_per_host']} "
-        f"-- {shlex.join(train_args)}"
+        f"{JAX_CACHE_ENV} {TRM} launch --backend local --hosts {launch['hosts']} "
+        f"--devices-per-host {launch['devices_per_host']} -- {shlex.join(train_args)}"
     )
 
 
 def estimate_message(wildcards):
-    first = FIRST_WITH_HASH[PLAN[wildcards.exp].hash]
+    first = first_with_same_run(wildcards.exp)
     if first != wildcards.exp:
         return f"train {wildcards.exp}: same config as {first}, whose run it collects (no training)"
     return (

@@ -1,6 +1,7 @@
-# Training and evaluation, one job each per experiment. The run dir (checkpoints) lives in storage under its
-# config hash; the local outputs are small copies made only after the run's _SUCCESS marker, so a failed or
-# preempted job leaves nothing that looks complete, and rerunning it resumes from the latest checkpoint.
+# Training, one job per experiment, and test-time evaluation, one job per distinct run. The run dir (checkpoints)
+# lives in storage under its config hash; the local outputs are small copies made only after the run's _SUCCESS
+# marker, so a failed or preempted job leaves nothing that looks complete, and rerunning it resumes from the
+# latest checkpoint.
 
 
 rule train:
@@ -35,11 +36,39 @@ rule train:
 
 
 rule evaluate:
-    # Reads the trainer's final evaluation (final.json); `trm evaluate` can replace this rule's command alone.
+    # Test-time scaling: the run's latest checkpoint (EMA weights when kept) on the whole test split, scored after
+    # each of test_time_steps supervision steps in one pass. Only the first experiment of a shared run evaluates it.
+    input:
+        final=rules.train.output.final,
+        staged=lambda wildcards: os.path.join(RESULTS, "staged", f"{PLAN[wildcards.exp].dataset}.txt"),
+    output:
+        json=os.path.join(RESULTS, "eval", "{exp}-steps.json"),
+        csv=os.path.join(RESULTS, "eval", "{exp}-steps.csv"),
+    params:
+        trm=TRM,
+        env=JAX_CACHE_ENV,
+        run_dir=lambda wildcards: run_url(wildcards.exp),
+        data=lambda wildcards: dataset_url(PLAN[wildcards.exp].dataset),
+        steps=TEST_TIME_STEPS,
+        batch_size=EVAL_BATCH_SIZE,
+    conda:
+        SOFTWARE
+    log:
+        os.path.join(RESULTS, "logs", "evaluate", "{exp}.log"),
+    benchmark:
+        os.path.join(RESULTS, "benchmarks", "evaluate", "{exp}.tsv")
+    shell:
+        "{params.env} {params.trm} evaluate --checkpoint {params.run_dir} --data {params.data} --split test "
+        "--steps {params.steps} --batch-size {params.batch_size} --out {output.json} > {log} 2>&1"
+
+
+rule run_metrics:
+    # One record per experiment for the table: the trainer's figures plus its run's test-time evaluation.
     input:
         config=rules.train.output.config,
         metrics=rules.train.output.metrics,
         final=rules.train.output.final,
+        test_time=shared_evaluation,
     output:
         os.path.join(RESULTS, "eval", "{exp}.json"),
     params:
@@ -48,6 +77,6 @@ rule evaluate:
     conda:
         SOFTWARE
     log:
-        os.path.join(RESULTS, "logs", "evaluate", "{exp}.log"),
+        os.path.join(RESULTS, "logs", "run_metrics", "{exp}.log"),
     shell:
-        "{params.trm} run-metrics {params.run} --output {output} > {log} 2>&1"
+        "{params.trm} run-metrics {params.run} --test-time {input.test_time} --output {output} > {log} 2>&1"
