@@ -139,3 +139,13 @@ def test_padding_rows_add_nothing_to_the_losses():
     _, real = act_loss(*make(logits[:2], labels[:2], halted[:2]), global_batch_size=3)
     for key in real:
         np.testing.assert_allclose(float(full[key]), float(real[key]), rtol=1e-6, err_msg=key)
+
+
+def test_stablemax_gradient_is_finite_where_the_unused_branch_has_a_pole():
+    """bfloat16 logits hit x = 1 exactly, the pole of the negative branch 1 / (1 - x)."""
+    import jax
+
+    logits = jnp.array([[[1.0, -1.0, 0.0, 2.0, 1.0]]], jnp.bfloat16)
+    labels = jnp.array([[3]], jnp.int32)
+    grad = jax.grad(lambda x: stablemax_cross_entropy(x, labels).sum())(logits)
+    assert bool(jnp.isfinite(grad.astype(jnp.float32)).all())

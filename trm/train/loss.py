@@ -19,7 +19,10 @@ METRIC_KEYS = ("count", "accuracy", "exact_accuracy", "q_halt_accuracy", "steps"
 def log_stablemax(logits: jax.Array) -> jax.Array:
     """log(s(x) / sum s(x)) over the last axis, s(x) = x + 1 for x >= 0 and 1 / (1 - x) for x < 0; float32."""
     x = logits.astype(jnp.float32)
-    s = jnp.where(x < 0, 1.0 / (1.0 - x + 1e-30), x + 1.0)
+    # Each branch sees only its own half of the inputs: jnp.where differentiates both branches, and the unused
+    # 1 / (1 - x) at x = 1 (common with bfloat16 logits) would give an infinite gradient and then 0 * inf = NaN.
+    negative = jnp.minimum(x, 0.0)
+    s = jnp.where(x < 0, 1.0 / (1.0 - negative + 1e-30), x + 1.0)
     return jnp.log(s / jnp.sum(s, axis=-1, keepdims=True))
 
 
