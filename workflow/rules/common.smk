@@ -31,8 +31,10 @@ def _check_keys(settings, schema, where):
 with open(workflow.source_path("../schemas/config.schema.yaml")) as _schema_file:
     _check_keys(config, yaml.safe_load(_schema_file), "")
 validate(config, "../schemas/config.schema.yaml")
-# Commands run with the interpreter running Snakemake, so an unactivated venv works (`.venv/bin/snakemake`).
-TRM = f"{shlex.quote(sys.executable)} -m trm.cli"
+# Commands run with the `trm` of the environment running Snakemake, so an unactivated venv works
+# (`.venv/bin/snakemake`). Named by its folder, not by the interpreter's name: `python` and `python3` of one
+# venv must give the same command, or Snakemake sees changed params and reruns everything.
+TRM = shlex.quote(os.path.join(os.path.dirname(sys.executable), "trm"))
 
 try:
     PLAN = {
