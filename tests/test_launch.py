@@ -111,8 +111,9 @@ def test_all_hosts_succeed_and_a_signal_becomes_a_preemption_everywhere(capsys):
     )
 
     def interrupt_when_ready():
-        deadline = time.time() + 60
-        while capsys.readouterr().out.count("ready") < 2 and time.time() < deadline:
+        deadline, seen = time.time() + 60, ""
+        while seen.count("ready") < 2 and time.time() < deadline:  # the two lines may come in separate reads
+            seen += capsys.readouterr().out
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGINT)
 
