@@ -35,7 +35,7 @@ import jax
 import numpy as np
 
 from trm import storage
-from trm.config import config_hash, dump_config, load_config
+from trm.config import BASE_CONFIG, config_hash, dump_config, load_config
 from trm.data.format import load_split
 from trm.data.verify import fetch_dataset
 from trm.errors import UserError
@@ -99,9 +99,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace, host_log: HostLog) -> int:
-    config = load_config(
-        args.config, args.set, base=None if args.config.endswith(".json") else _default_base()
-    )
+    config = load_config(args.config, args.set, base=None if args.config.endswith(".json") else BASE_CONFIG)
     if args.log_every < 1:
         raise UserError(f"--log-every {args.log_every}: must be >= 1")
     run_dir = args.run_dir.replace("{config_hash}", config_hash(config))
@@ -127,12 +125,6 @@ def _train_as_host(args: argparse.Namespace, host_log: HostLog) -> int:
     print(f"host {jax.process_index()} exits with code {code}", file=sys.stderr)
     host_log.close()
     os._exit(code)
-
-
-def _default_base():
-    from trm.config import BASE_CONFIG
-
-    return BASE_CONFIG
 
 
 def params_digest(tree: Any) -> str:
