@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import jax
-import numpy as np
 import pytest
+from test_trainer import _easy_csv
 
 from trm.cli import main as trm
 from trm.train.evaluate import evaluate, load_eval_split
@@ -33,20 +33,6 @@ TINY = {
     "optim.lr_warmup_steps": 5,
     "optim.lr": 1e-3,
 }
-
-
-def _easy_csv(path: Path, puzzles: int, blanks: int, seed: int) -> None:
-    """Puzzles made from one valid grid with a few blanks: a tiny model learns some of them in seconds."""
-    rng = np.random.default_rng(seed)
-    solution = [(3 * (r % 3) + r // 3 + c) % 9 + 1 for r in range(9) for c in range(9)]
-    answer = "".join(map(str, solution))
-    lines = ["source,question,answer,rating"]
-    for _ in range(puzzles):
-        question = list(answer)
-        for cell in rng.choice(81, size=blanks, replace=False):
-            question[cell] = "."
-        lines.append(f"easy,{''.join(question)},{answer},0")
-    path.write_text("\n".join(lines) + "\n")
 
 
 @pytest.fixture(scope="module")
