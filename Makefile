@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint install clean
+.PHONY: run test lint install install-profile clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,14 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check trm tests benchmarks
 	$(BIN)/ruff format --check trm tests benchmarks
+
+# Snakemake finds `--profile NAME` only in the current directory and ~/.config/snakemake: link the TPU profile
+# there, so `snakemake --profile tpu-v4-64` works from the repository root (docs/tpu.md).
+PROFILE_HOME ?= $(HOME)/.config/snakemake
+install-profile:
+	mkdir -p $(PROFILE_HOME)
+	ln -sfn $(CURDIR)/profiles/tpu-v4-64 $(PROFILE_HOME)/tpu-v4-64
+	@echo "installed: $(PROFILE_HOME)/tpu-v4-64 -> $(CURDIR)/profiles/tpu-v4-64"
 
 clean:
 	rm -rf results .snakemake

@@ -100,11 +100,12 @@ def _estimates():
 
 
 ESTIMATED_HOURS = _estimates()
+_TOTAL_HOURS = sum(ESTIMATED_HOURS[first] for first in FIRST_WITH_HASH.values())
 print(
     f"TRM study, scale {config['scale']}: {len(PLAN)} experiments in {len(SELECTED_GROUPS)} groups, "
     f"{len(DATASETS)} datasets, {len(FIRST_WITH_HASH)} distinct runs; estimated "
-    f"{sum(ESTIMATED_HOURS[first] for first in FIRST_WITH_HASH.values()):.4g} {config['accelerator']['name']}-hours "
-    f"of training and evaluation at {config['accelerator']['utilization']:.0%} of peak",
+    f"{_TOTAL_HOURS:.4g} {config['accelerator']['name']}-hours of training and evaluation at "
+    f"{config['accelerator']['utilization']:.0%} of peak ({_TOTAL_HOURS / DEVICES:.4g} h on {DEVICES} devices per job)",
     file=sys.stderr,
 )
 
@@ -144,19 +145,49 @@ def train_command(exp):
         "--run-dir",
         run_url(exp.id),
     ]
-    return (
-        f"{JAX_CACHE_ENV} {TRM} launch --backend local --hosts {launch['hosts']} "
-        f"--devices-per-host {launch['devices_per_host']} -- {shlex.join(train_args)}"
-    )
+    launch_args = [
+        "--backend",
+        launch["backend"],
+        "--hosts",
+        str(launch["hosts"]),
+        "--devices-per-host",
+        str(launch["devices_per_host"]),
+    ]
+    if launch["backend"] == "tpu-vm":
+        launch_args += tpu_launch_args(launch["tpu"])
+    return f"{JAX_CACHE_ENV} {TRM} launch {shlex.join(launch_args)} -- {shlex.join(train_args)}"
+
+
+def tpu_launch_args(tpu):
+    """`trm launch`'s tpu-vm flags from the workflow's launch.tpu settings (docs/tpu.md)."""
+    args = [arg for name in tpu["slices"] for arg in ("--tpu-slice", name)]
+    args += ["--tpu-zone", tpu["zone"], "--tpu-code-url", tpu["code_url"] or url_join(config["storage"], "code")]
+    if tpu["project"]:
+        args += ["--tpu-project", tpu["project"]]
+    args += ["--tpu-create"] * tpu["create"] + ["--tpu-delete-after"] * tpu["delete_after"]
+    if not tpu["install_dependencies"]:
+        args.append("--no-tpu-install-dependencies")
+    for name in ("accelerator_type", "runtime_version", "provisioning", "python", "lock_dir"):
+        args += [f"--tpu-{name.replace('_', '-')}", str(tpu[name])]
+    for name, flag in (
+        ("poll_seconds", "--tpu-poll-seconds"),
+        ("stale_after_seconds", "--tpu-stale-after"),
+        ("start_timeout_seconds", "--tpu-start-timeout"),
+        ("stop_grace_seconds", "--tpu-stop-grace"),
+        ("max_relaunches", "--tpu-max-relaunches"),
+    ):
+        args += [flag, str(tpu[name])]
+    return args
 
 
 def estimate_message(wildcards):
     first = first_with_same_run(wildcards.exp)
     if first != wildcards.exp:
         return f"train {wildcards.exp}: same config as {first}, whose run it collects (no training)"
+    hours = ESTIMATED_HOURS[wildcards.exp]
     return (
-        f"train {wildcards.exp}: estimated {ESTIMATED_HOURS[wildcards.exp]:.4g} "
-        f"{config['accelerator']['name']}-hours (from its FLOPs and batch)"
+        f"train {wildcards.exp}: estimated {hours:.4g} {config['accelerator']['name']}-hours "
+        f"(from its FLOPs and batch; {hours / DEVICES:.3g} h on the job's {DEVICES} devices)"
     )
 
 

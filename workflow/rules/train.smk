@@ -23,6 +23,8 @@ rule train:
         "{resources.estimate}"
     resources:
         estimate=estimate_message,
+        # One training job per TPU slice: a profile sets `resources: tpu=<slices>` (unlimited otherwise).
+        tpu=1,
     conda:
         SOFTWARE
     log:
