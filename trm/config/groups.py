@@ -1,4 +1,5 @@
-"""The study's 14 experiment groups (config/groups.yaml): members, baseline, varied keys and main plots."""
+"""The study's 14 experiment groups (config/groups.yaml): members, baseline, varied keys, main plots, study guide
+(hypothesis, expected result, how to read the plot) and success criteria."""
 
 from __future__ import annotations
 
@@ -10,24 +11,53 @@ from trm.config.load import CONFIG_DIR, EXPERIMENTS_DIR, experiment_ids, schema
 from trm.errors import UserError
 
 GROUPS_PATH = CONFIG_DIR / "groups.yaml"
-GROUP_FIELDS = ("id", "title", "varies", "members", "baseline", "plots")
+GROUP_FIELDS = (
+    "id",
+    "title",
+    "varies",
+    "members",
+    "baseline",
+    "plots",
+    "hypothesis",
+    "expected",
+    "how_to_read",
+    "criteria",
+)
+OPTIONAL_GROUP_FIELDS = ("fixed",)
+GUIDE_FIELDS = ("hypothesis", "expected", "how_to_read", "fixed")  # free text of the study guide
 PLOT_FIELDS = ("x", "y", "log_x", "kind")
 PLOT_KINDS = ("line", "pareto", "curve")
-# Quantities a plot may use besides config keys; the analysis code computes them from each run's outputs.
-METRICS = (
-    "parameter_count",
-    "effective_depth",
-    "examples_per_second",
-    "step_time_s",
-    "epoch",
-    "mean_halt_steps",
-    "halt_steps_variance",
-    "test_exact_accuracy",
-    "test_exact_accuracy_raw",
-    "train_exact_accuracy",
-    "train_test_gap",
-    "epochs_to_85pct",
-)
+# Quantities a plot or a criterion may use besides config keys; the analysis code computes them from each run's
+# outputs. Every one but `epoch` (the x of curves over training) is a column of the results table.
+METRICS = {
+    "parameter_count": "parameters of the model",
+    "effective_depth": "layer applications per supervision step, H_cycles x (L_cycles + 1) x L_layers",
+    "examples_per_second": "training throughput, examples/s (median over the run)",
+    "step_time_s": "training step time in seconds, global batch / examples per second",
+    "epoch": "training epochs (x axis of curves over training)",
+    "mean_halt_steps": "mean supervision steps a training example used before halting (last eval interval)",
+    "halt_steps_variance": "variance of the supervision steps before halting",
+    "test_exact_accuracy": "fraction of test puzzles solved exactly at the end (EMA weights when EMA is on)",
+    "best_test_exact_accuracy": "highest test exact accuracy of any evaluation during the run",
+    "test_cell_accuracy": "fraction of test cells right at the end",
+    "test_exact_accuracy_raw": "test exact accuracy of the raw (non-EMA) weights",
+    "train_exact_accuracy": "fraction of training puzzles solved exactly (last eval interval)",
+    "train_test_gap": "train exact accuracy minus test exact accuracy",
+    "epochs_to_85pct": "epochs to the first evaluation at or above 85% test exact accuracy",
+}
+CRITERION_METRICS = tuple(m for m in METRICS if m != "epoch")
+CRITERION_FIELDS = ("text", "check", "metric", "members")
+# Check kind -> (fields it requires, fields it allows) besides CRITERION_FIELDS. The checks themselves are
+# trm.analysis.verdicts.CHECKS; config/groups.yaml's header says what each one means.
+CHECK_FIELDS = {
+    "within": (("tolerance",), ("reference", "value")),
+    "at_least": ((), ("reference", "value", "margin")),
+    "at_most": ((), ("reference", "value", "margin")),
+    "best_is_one_of": ((), ()),
+    "monotonic": (("direction",), ("tolerance",)),
+}
+COMPARISONS = ("within", "at_least", "at_most")  # compare members with a `reference` or a `value`
+DIRECTIONS = ("increasing", "decreasing")
 
 
 def config_keys() -> list[str]:
@@ -41,8 +71,79 @@ def config_keys() -> list[str]:
     return walk(schema(), "")
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _criterion_errors(criterion, where: str, members: list[str]) -> list[str]:
+    """What is wrong with one success criterion of a group (nothing when it is well formed)."""
+    if not isinstance(criterion, dict):
+        return [f"{where}: expected a mapping with the fields {', '.join(CRITERION_FIELDS)}"]
+    errors = [f"{where}: missing field {f!r}" for f in CRITERION_FIELDS if f not in criterion]
+    if errors:
+        return errors
+    kind = criterion["check"]
+    if kind not in CHECK_FIELDS:
+        return [f"{where}: check: unknown kind {kind!r} (one of {', '.join(CHECK_FIELDS)})"]
+    required, optional = CHECK_FIELDS[kind]
+    allowed = CRITERION_FIELDS + required + optional
+    errors += [f"{where}: missing field {f!r} for check {kind!r}" for f in required if f not in criterion]
+    errors += [
+        f"{where}: unknown field {f!r} for check {kind!r} (allowed: {', '.join(allowed)})"
+        for f in criterion
+        if f not in allowed
+    ]
+    if not isinstance(criterion["text"], str) or not criterion["text"].strip():
+        errors.append(f"{where}: text must be a sentence saying the criterion in words")
+    if criterion["metric"] not in CRITERION_METRICS:
+        errors.append(
+            f"{where}: metric {criterion['metric']!r} is not a column of the results table "
+            f"(one of {', '.join(CRITERION_METRICS)})"
+        )
+    for field in ("members", "reference"):
+        if field not in criterion:
+            continue
+        listed = criterion[field]
+        if not isinstance(listed, list) or not listed:
+            errors.append(f"{where}: {field} must be a non-empty list of members of the group")
+            continue
+        errors += [
+            f"{where}: {field}: {m!r} is not a member of the group" for m in listed if m not in members
+        ]
+    if kind in COMPARISONS and ("reference" in criterion) == ("value" in criterion):
+        errors.append(
+            f"{where}: check {kind!r} needs exactly one of 'reference' (members) or 'value' (a number)"
+        )
+    for field in ("value", "margin", "tolerance"):
+        if field in criterion and not _is_number(criterion[field]):
+            errors.append(f"{where}: {field} must be a number, not {criterion[field]!r}")
+        elif field == "tolerance" and field in criterion and criterion[field] < 0:
+            errors.append(f"{where}: tolerance must be >= 0, not {criterion[field]!r}")
+    if kind == "monotonic":
+        if criterion.get("direction") not in DIRECTIONS:
+            errors.append(f"{where}: direction must be one of {', '.join(DIRECTIONS)}")
+        if isinstance(criterion["members"], list) and len(criterion["members"]) < 2:
+            errors.append(f"{where}: members: a monotonic check needs at least two members")
+    return errors
+
+
+def _guide_errors(group: dict, name: str) -> list[str]:
+    errors = [
+        f"{name}: {field} must be non-empty text"
+        for field in GUIDE_FIELDS
+        if field in group and (not isinstance(group[field], str) or not group[field].strip())
+    ]
+    criteria = group["criteria"]
+    if not isinstance(criteria, list) or not criteria:
+        return errors + [f"{name}: criteria must be a non-empty list of success criteria"]
+    for i, criterion in enumerate(criteria):
+        errors += _criterion_errors(criterion, f"{name}: criteria[{i}]", group["members"])
+    return errors
+
+
 def load_groups(path: str | Path = GROUPS_PATH, experiments_dir: str | Path = EXPERIMENTS_DIR) -> list[dict]:
-    """Read and check the group table: fields present, names known, every experiment in exactly one group."""
+    """Read and check the group table: fields present, names known, every experiment in exactly one group,
+    guides and success criteria well formed."""
     path = Path(path)
     groups = (yaml.safe_load(path.read_text()) or {}).get("groups")
     if not isinstance(groups, list):
@@ -52,8 +153,17 @@ def load_groups(path: str | Path = GROUPS_PATH, experiments_dir: str | Path = EX
     owner: dict[str, str] = {}
     for n, group in enumerate(groups):
         name = f"{path}: group {group.get('id', n)!r}" if isinstance(group, dict) else f"{path}: group {n}"
-        if not isinstance(group, dict) or sorted(group) != sorted(GROUP_FIELDS):
-            errors.append(f"{name}: expected exactly the fields {', '.join(GROUP_FIELDS)}")
+        if not isinstance(group, dict):
+            errors.append(f"{name}: expected a mapping with the fields {', '.join(GROUP_FIELDS)}")
+            continue
+        missing = [f"{name}: missing field {f!r}" for f in GROUP_FIELDS if f not in group]
+        unknown = [
+            f"{name}: unknown field {f!r} (allowed: {', '.join(GROUP_FIELDS + OPTIONAL_GROUP_FIELDS)})"
+            for f in group
+            if f not in GROUP_FIELDS + OPTIONAL_GROUP_FIELDS
+        ]
+        if missing or unknown:
+            errors += missing + unknown
             continue
         errors += [f"{name}: unknown config key {k!r} in varies" for k in group["varies"] if k not in keys]
         if group["baseline"] not in group["members"]:
@@ -74,6 +184,7 @@ def load_groups(path: str | Path = GROUPS_PATH, experiments_dir: str | Path = EX
                 errors.append(f"{name}: plot y {plot['y']!r} is neither a config key nor a metric")
             if plot["kind"] not in PLOT_KINDS:
                 errors.append(f"{name}: plot kind {plot['kind']!r} is not one of {', '.join(PLOT_KINDS)}")
+        errors += _guide_errors(group, name)
     files = set(experiment_ids(experiments_dir))
     errors += [
         f"{path}: member {m!r} has no file {m}.yaml in {experiments_dir}" for m in sorted(set(owner) - files)
