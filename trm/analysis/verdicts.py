@@ -1,0 +1,361 @@
+"""Judge each group's hypothesis on the results table: every success criterion of config/groups.yaml is
+`supported`, `not supported` or `not enough data`, with the numbers it compared; then a verdict per group.
+
+    trm verdicts --table results/paper/table.csv --groups config/groups.yaml --scale paper \
+        --output results/paper/verdicts [GROUP ...]
+
+Reads the table of `trm aggregate` (one row per experiment). Judges the given groups, or every group with a run
+in the table. A criterion lacks data when one of the members it needs has no row or the run did not measure the
+metric (NaN). A group is supported when all its criteria are, not supported when any is not, and lacks data
+otherwise. Writes OUTPUT/verdicts.json and OUTPUT/verdicts.md (every group), OUTPUT/verdicts.rst (the summary
+table) and OUTPUT/<group>.rst (hypothesis, expected result and verdict: the HTML report shows it under the
+group's plot). At the smoke scale the verdicts are computed the same way, and every output says that the runs are
+too short to test anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from trm.analysis.scale import SCALES
+from trm.config import load_groups
+from trm.errors import UserError
+
+SUPPORTED, NOT_SUPPORTED, NO_DATA = "supported", "not supported", "not enough data"
+SMOKE_NOTE = (
+    "smoke scale: these runs are too short to test the hypothesis; the verdicts only show that the criteria "
+    "are evaluated."
+)
+# Accuracies are ratios of puzzle counts: 0.87 - 0.86 must count as within a tolerance of 0.01.
+SLACK = 1e-9
+
+
+def _fmt(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
+
+
+def _listing(ids: list[str], values: dict[str, float]) -> str:
+    return ", ".join(f"{m} {_fmt(values[m])}" for m in ids)
+
+
+def _reference(criterion: dict, values: dict[str, float]) -> tuple[float, str]:
+    """The value members are compared with (a number, or the highest of the reference members) and its label."""
+    if "value" in criterion:
+        return float(criterion["value"]), _fmt(criterion["value"])
+    reference = criterion["reference"]
+    best = max(reference, key=values.__getitem__)
+    if len(reference) == 1:
+        return values[best], f"{best} {_fmt(values[best])}"
+    return values[best], f"the highest of {', '.join(reference)}, {best} {_fmt(values[best])}"
+
+
+def _signed(margin: float) -> str:
+    return f"{'-' if margin < 0 else '+'} {_fmt(abs(margin))}"
+
+
+def within(criterion: dict, values: dict[str, float], group: dict) -> tuple[bool, str]:
+    """|member - reference| <= tolerance for every member."""
+    ref, label = _reference(criterion, values)
+    tolerance = criterion["tolerance"]
+    members = criterion["members"]
+    worst = max(members, key=lambda m: abs(values[m] - ref))
+    gap = abs(values[worst] - ref)
+    ok = gap <= tolerance + SLACK
+    return ok, (
+        f"{_listing(members, values)} against {label}: largest difference {_fmt(gap)} "
+        f"({worst}) {'<=' if ok else '>'} tolerance {_fmt(tolerance)}"
+    )
+
+
+def _bound(criterion: dict, values: dict[str, float], at_least: bool) -> tuple[bool, str]:
+    ref, label = _reference(criterion, values)
+    margin = criterion.get("margin", 0)
+    bound = ref + margin
+    members = criterion["members"]
+    if at_least:
+        worst = min(members, key=values.__getitem__)
+        ok = values[worst] >= bound - SLACK
+    else:
+        worst = max(members, key=values.__getitem__)
+        ok = values[worst] <= bound + SLACK
+    sign = ">=" if at_least else "<="
+    limit = f"{label} {_signed(margin)} = {_fmt(bound)}" if margin else label
+    verdict = "holds" if ok else f"{worst} {_fmt(values[worst])} does not"
+    return ok, f"{_listing(members, values)}; needs {sign} {limit}: {verdict}"
+
+
+def at_least(criterion: dict, values: dict[str, float], group: dict) -> tuple[bool, str]:
+    """member >= reference + margin for every member."""
+    return _bound(criterion, values, at_least=True)
+
+
+def at_most(criterion: dict, values: dict[str, float], group: dict) -> tuple[bool, str]:
+    """member <= reference + margin for every member."""
+    return _bound(criterion, values, at_least=False)
+
+
+def best_is_one_of(criterion: dict, values: dict[str, float], group: dict) -> tuple[bool, str]:
+    """The group member with the highest metric is one of the criterion's members (a tie counts)."""
+    best = max(group["members"], key=values.__getitem__)
+    ok = any(values[m] >= values[best] - SLACK for m in criterion["members"])
+    return ok, (
+        f"highest: {best} {_fmt(values[best])}; candidates {_listing(criterion['members'], values)}: "
+        f"{'one of them is the best' if ok else 'none is the best'}"
+    )
+
+
+def monotonic(criterion: dict, values: dict[str, float], group: dict) -> tuple[bool, str]:
+    """Over the members in order, no step moves against the direction by more than the tolerance."""
+    members = criterion["members"]
+    tolerance = criterion.get("tolerance", 0)
+    sign = 1 if criterion["direction"] == "increasing" else -1
+    # The largest step against the direction (negative when every step goes the right way).
+    against, where = max((sign * (values[a] - values[b]), (a, b)) for a, b in itertools.pairwise(members))
+    ok = against <= tolerance + SLACK
+    path = " -> ".join(f"{m} {_fmt(values[m])}" for m in members)
+    wrong_way = "falls" if sign > 0 else "rises"
+    if ok:
+        return ok, f"{path}: never {wrong_way} by more than {_fmt(tolerance)}"
+    return (
+        ok,
+        f"{path}: {wrong_way} by {_fmt(against)} from {where[0]} to {where[1]} (tolerance {_fmt(tolerance)})",
+    )
+
+
+def describe(criterion: dict) -> str:
+    """The machine check of a criterion in words (its metric aside), e.g. 'each of exp01d, exp01e <= exp01c + 0.01'."""
+    kind, members = criterion["check"], ", ".join(criterion["members"])
+    if kind == "best_is_one_of":
+        return f"the highest of all the group's members is one of {members}"
+    if kind == "monotonic":
+        wrong_way = "falls" if criterion["direction"] == "increasing" else "rises"
+        tolerance = _fmt(criterion.get("tolerance", 0))
+        return f"over {members}, in this order, it never {wrong_way} by more than {tolerance}"
+    if "value" in criterion:
+        reference = _fmt(criterion["value"])
+    elif len(criterion["reference"]) == 1:
+        reference = criterion["reference"][0]
+    else:
+        reference = f"the highest of {', '.join(criterion['reference'])}"
+    each = "each of " if len(criterion["members"]) > 1 else ""
+    if kind == "within":
+        return f"{each}{members} within {_fmt(criterion['tolerance'])} of {reference}"
+    margin = criterion.get("margin", 0)
+    limit = f"{reference} {_signed(margin)}" if margin else reference
+    return f"{each}{members} {'>=' if kind == 'at_least' else '<='} {limit}"
+
+
+CHECKS = {
+    "within": within,
+    "at_least": at_least,
+    "at_most": at_most,
+    "best_is_one_of": best_is_one_of,
+    "monotonic": monotonic,
+}
+
+
+def needed_members(criterion: dict, group: dict) -> list[str]:
+    """The members whose metric the criterion reads (every member for best_is_one_of)."""
+    if criterion["check"] == "best_is_one_of":
+        return list(group["members"])
+    return list(dict.fromkeys(criterion["members"] + criterion.get("reference", [])))
+
+
+def evaluate_criterion(criterion: dict, group: dict, table: pd.DataFrame) -> dict:
+    """One criterion judged on the table (one row per experiment id): verdict, detail and the values read."""
+    metric = criterion["metric"]
+    rows = table.set_index("id")[metric]
+    values: dict[str, float | None] = {}
+    absent, unmeasured = [], []
+    for member in needed_members(criterion, group):
+        value = rows.get(member)
+        if value is None:
+            absent.append(member)
+        elif pd.isna(value):
+            unmeasured.append(member)
+        values[member] = None if value is None or pd.isna(value) else float(value)
+    if absent or unmeasured:
+        verdict = NO_DATA
+        detail = "; ".join(
+            ([f"no run in the table: {', '.join(absent)}"] if absent else [])
+            + ([f"{metric} not measured: {', '.join(unmeasured)}"] if unmeasured else [])
+        )
+    else:
+        ok, detail = CHECKS[criterion["check"]](criterion, values, group)
+        verdict = SUPPORTED if ok else NOT_SUPPORTED
+    return {
+        "text": criterion["text"],
+        "check": criterion["check"],
+        "metric": metric,
+        "verdict": verdict,
+        "detail": detail,
+        "values": values,
+    }
+
+
+def group_verdict(verdicts: list[str]) -> str:
+    """Supported when every criterion is, not supported when any is not, otherwise not enough data."""
+    if NOT_SUPPORTED in verdicts:
+        return NOT_SUPPORTED
+    if all(v == SUPPORTED for v in verdicts):
+        return SUPPORTED
+    return NO_DATA
+
+
+def evaluate_group(group: dict, table: pd.DataFrame) -> dict:
+    """Every criterion of one group judged on the table, with the group's verdict and guide summary."""
+    criteria = [evaluate_criterion(c, group, table) for c in group["criteria"]]
+    return {
+        "id": group["id"],
+        "title": group["title"],
+        "hypothesis": group["hypothesis"],
+        "expected": group["expected"],
+        "verdict": group_verdict([c["verdict"] for c in criteria]),
+        "criteria": criteria,
+    }
+
+
+def evaluate(groups: list[dict], table: pd.DataFrame, scale: str) -> dict:
+    """Every criterion of every given group judged on the table, with the scale and its caveat."""
+    if scale not in SCALES:
+        raise UserError(f"unknown scale {scale!r}: one of {', '.join(SCALES)}")
+    columns = {"id"} | {c["metric"] for g in groups for c in g["criteria"]}
+    absent = sorted(columns - set(table.columns))
+    if absent:
+        raise UserError(
+            f"the results table has no column {', '.join(absent)} (is it `trm aggregate`'s table?)"
+        )
+    return {
+        "scale": scale,
+        "note": SMOKE_NOTE if scale == "smoke" else "",
+        "groups": [evaluate_group(g, table) for g in groups],
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- outputs
+
+
+def to_markdown(result: dict) -> str:
+    """verdicts.md: a summary table, then per group its hypothesis, expected result and criteria."""
+    lines = [f"# Verdicts of the study's hypotheses (scale: {result['scale']})", ""]
+    if result["note"]:
+        lines += [f"> **{result['note']}**", ""]
+    lines += [
+        "Written by `trm verdicts` from the results table and the criteria of config/groups.yaml; each group's",
+        "guide is docs/experiments/<group>.md.",
+        "",
+        "| group | title | verdict | criteria supported |",
+        "|---|---|---|---|",
+    ]
+    for g in result["groups"]:
+        supported = sum(c["verdict"] == SUPPORTED for c in g["criteria"])
+        lines.append(f"| {g['id']} | {g['title']} | {g['verdict']} | {supported} of {len(g['criteria'])} |")
+    for g in result["groups"]:
+        lines += [
+            "",
+            f"## {g['id']}: {g['title']}: {g['verdict']}",
+            "",
+            f"**Hypothesis.** {g['hypothesis']}",
+            "",
+            f"**Expected.** {g['expected']}",
+            "",
+        ]
+        lines += [f"- **{c['verdict']}**: {c['text']} ({c['detail']})" for c in g["criteria"]]
+    return "\n".join(lines) + "\n"
+
+
+def _rst(text: str) -> str:
+    """Plain text as reStructuredText: ids such as exp02a_01 or a `*` must not become markup."""
+    for char in "\\*`|_":
+        text = text.replace(char, "\\" + char)
+    return text
+
+
+def group_rst(group: dict, result: dict) -> str:
+    """OUTPUT/<group>.rst: what the report shows under the group's plot."""
+    lines = [
+        f"**Hypothesis.** {_rst(group['hypothesis'])}",
+        "",
+        f"**Expected.** {_rst(group['expected'])}",
+        "",
+        f"**Verdict at the {result['scale']} scale: {group['verdict']}.**",
+    ]
+    if result["note"]:
+        lines[-1] += f" *{_rst(result['note'])}*"
+    lines.append("")
+    lines += [f"- **{c['verdict']}**: {_rst(c['text'])} ({_rst(c['detail'])})" for c in group["criteria"]]
+    return "\n".join(lines) + "\n"
+
+
+def summary_rst(result: dict) -> str:
+    """OUTPUT/verdicts.rst: one line per group, for the caption of the report's verdicts entry."""
+    lines = [f"**Verdicts at the {result['scale']} scale.**"]
+    if result["note"]:
+        lines[0] += f" *{_rst(result['note'])}*"
+    lines.append("")
+    for g in result["groups"]:
+        supported = sum(c["verdict"] == SUPPORTED for c in g["criteria"])
+        lines.append(
+            f"- {_rst(g['id'])} ({_rst(g['title'])}): **{g['verdict']}** "
+            f"({supported} of {len(g['criteria'])} criteria supported)"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _select(groups: list[dict], table: pd.DataFrame, wanted: list[str], table_path: str) -> list[dict]:
+    by_id = {g["id"]: g for g in groups}
+    unknown = [g for g in wanted if g not in by_id]
+    if unknown:
+        raise UserError(f"unknown group {', '.join(unknown)}: one of {', '.join(by_id)}")
+    if wanted:
+        return [by_id[g] for g in wanted]
+    present = set(table["id"]) if "id" in table.columns else set()
+    selected = [g for g in groups if present & set(g["members"])]
+    if not selected:
+        raise UserError(f"{table_path}: no run of any group of the study")
+    return selected
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "group", nargs="*", help="groups to judge (default: every group with a run in the table)"
+    )
+    parser.add_argument("--table", required=True, help="the results table, table.csv of `trm aggregate`")
+    parser.add_argument("--groups", required=True, type=Path, help="config/groups.yaml")
+    parser.add_argument("--scale", required=True, choices=SCALES, help="the scale the runs were trained at")
+    parser.add_argument("--output", required=True, type=Path, help="folder for the verdict files")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        table = pd.read_csv(args.table)
+    except FileNotFoundError:
+        raise UserError(f"{args.table}: missing (run `trm aggregate` first)") from None
+    groups = _select(
+        load_groups(args.groups, args.groups.parent / "experiments"), table, args.group, args.table
+    )
+    result = evaluate(groups, table, args.scale)
+    files = {
+        "verdicts.json": json.dumps(result, indent=2) + "\n",
+        "verdicts.md": to_markdown(result),
+        "verdicts.rst": summary_rst(result),
+        **{f"{g['id']}.rst": group_rst(g, result) for g in result["groups"]},
+    }
+    args.output.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (args.output / name).write_text(text)
+    counts = {
+        v: sum(g["verdict"] == v for g in result["groups"]) for v in (SUPPORTED, NOT_SUPPORTED, NO_DATA)
+    }
+    summary = ", ".join(f"{n} {v}" for v, n in counts.items())
+    print(
+        f"wrote verdicts.json, .md, .rst and {len(result['groups'])} group files to {args.output}: {summary}"
+    )
+    if result["note"]:
+        print(result["note"])
+    return 0
