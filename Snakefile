@@ -22,6 +22,7 @@ localrules:
     all,
     run_metrics,
     aggregate,
+    verdicts,
     plot_group,
 
 
@@ -29,5 +30,6 @@ localrules:
 rule all:
     input:
         TABLE_FILES,
+        rules.verdicts.output,
         expand(PLOT_FILES, group=SELECTED_GROUPS, ext=["png", "svg"]),
     default_target: True

@@ -319,6 +319,13 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     ]
     assert trm_main(args) == 2
     assert "finished at step" in capsys.readouterr().err and not Path(str(stale) + ".out").exists()
+    # Each selected group's criteria judged on the table; with one member per group, every one lacks data.
+    verdicts = json.loads((results / "verdicts/verdicts.json").read_text())
+    assert verdicts["scale"] == "smoke" and "too short to test the hypothesis" in verdicts["note"]
+    assert [(g["id"], g["verdict"]) for g in verdicts["groups"]] == [
+        ("exp01", "not enough data"),
+        ("exp04a", "not enough data"),
+    ]
     # The run dir in storage is named by the config hash, and holds the resolved config.
     run_config = json.loads((results / "runs/exp01a/config.json").read_text())
     assert (workdir / f"results/storage/smoke/runs/{table.loc[0, 'config_hash']}/_SUCCESS").exists()
@@ -334,6 +341,7 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     assert report.returncode == 0, report.stderr[-4000:]
     html = (workdir / "report.html").read_text()
     assert "exp01.png" in html and "table.csv" in html
+    assert "Verdict at the smoke scale: not enough data." in html and "verdicts.md" in html
 
     again = subprocess.run(
         [SNAKEMAKE, "-n", *config], cwd=workdir, capture_output=True, text=True, check=True

@@ -1,4 +1,7 @@
-# Analysis: one table of all selected runs (with companion CSVs), one plot per group, and the captions the HTML report shows them with.
+# Analysis: one table of all selected runs (with companion CSVs), the verdict of each selected group's success
+# criteria (config/groups.yaml), one plot per group, and the captions the HTML report shows them with.
+
+VERDICTS = os.path.join(RESULTS, "verdicts")
 
 
 rule aggregate:
@@ -34,12 +37,42 @@ rule aggregate:
         "{params.accelerator} --output {params.table} > {log} 2>&1"
 
 
+rule verdicts:
+    input:
+        csv=TABLE_FILES[0],
+        groups="config/groups.yaml",
+    output:
+        json=os.path.join(VERDICTS, "verdicts.json"),
+        md=report(
+            os.path.join(VERDICTS, "verdicts.md"),
+            caption="../report/verdicts.rst",
+            category="Verdicts",
+            labels={"verdicts": "all groups"},
+        ),
+        summary=os.path.join(VERDICTS, "verdicts.rst"),
+        groups=expand(os.path.join(VERDICTS, "{group}.rst"), group=SELECTED_GROUPS),
+    params:
+        trm=TRM,
+        scale=config["scale"],
+        groups=" ".join(SELECTED_GROUPS),
+        folder=lambda wildcards, output: os.path.dirname(output.json),
+    conda:
+        SOFTWARE
+    log:
+        os.path.join(RESULTS, "logs", "verdicts.log"),
+    shell:
+        "{params.trm} verdicts {params.groups} --table {input.csv} --groups {input.groups} "
+        "--scale {params.scale} --output {params.folder} > {log} 2>&1"
+
+
 rule plot_group:
     input:
         csv=TABLE_FILES[0],
         curves=f"{TABLE}-curves.csv",
         test_time=f"{TABLE}-test-time.csv",
         groups="config/groups.yaml",
+        # Not read by the plot: the report's caption includes it (hypothesis, expected result, verdict).
+        verdict=os.path.join(VERDICTS, "{group}.rst"),
     output:
         png=report(
             PLOT_FILES.replace("{ext}", "png"),
