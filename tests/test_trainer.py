@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from trm.cli import main as trm
+from trm.train.runstate import read_run
 
 TINY = {
     "arch.hidden_size": 32,
@@ -134,7 +135,12 @@ def test_kill_and_preemption_resume_exactly(easy_data, tmp_path):
     # Kill -9 at some moment after the first checkpoint, then SIGTERM (preemption) the resumed run.
     run = tmp_path / "interrupted"
     cmd = _train_cmd(easy_data, run, tmp_path / "cache", RESUME)
-    for sig, expected_rc in ((signal.SIGKILL, -signal.SIGKILL), (signal.SIGTERM, 42)):
+    # status.json after each stop: a killed trainer leaves "running" (lost once its heartbeat is stale), a
+    # preempted one says so.
+    for sig, expected_rc, trainer_state in (
+        (signal.SIGKILL, -signal.SIGKILL, "running"),
+        (signal.SIGTERM, 42, "preempted"),
+    ):
         before = _latest_checkpoint(run) if (run / "ckpt").exists() else -1
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
@@ -150,6 +156,12 @@ def test_kill_and_preemption_resume_exactly(easy_data, tmp_path):
         assert proc.returncode == expected_rc, proc.stderr.read()[-3000:]
         assert not (run / "_SUCCESS").exists()
         assert 0 < _latest_checkpoint(run) < 120
+        state = read_run(str(run))
+        assert state.status["state"] == trainer_state
+        assert state.state == trainer_state
+        assert 0 < state.status["step"] < 120 and state.status["total_steps"] == 120
+        if trainer_state == "running":
+            assert read_run(str(run), now=time.time() + 3600).state == "lost"
 
     finished = _run(cmd)
     assert finished.returncode == 0, finished.stderr[-3000:]
@@ -157,6 +169,11 @@ def test_kill_and_preemption_resume_exactly(easy_data, tmp_path):
     assert _final(run)["params_sha256"] == _final(reference)["params_sha256"]
     assert _final(run)["ema_sha256"] == _final(reference)["ema_sha256"]
     assert _final(run)["test"] == _final(reference)["test"]
+    status = read_run(str(run))
+    assert status.state == "finished"
+    assert status.status["attempt"] == 3 and status.status["step"] == 120
+    assert status.status["eval_exact_accuracy"] == _final(run)["test"]["exact_accuracy"]
+    assert status.status["elapsed_s"] > 0 and status.status["examples_per_s"] > 0
 
     # The metrics file of the resumed run holds each record once, as if never interrupted.
     def without_speed(rs):
@@ -248,6 +265,30 @@ def test_run_dir_refuses_a_different_config(easy_data, tmp_path):
     assert done.returncode == 2
     assert "config.json" in done.stderr and "--run-dir" in done.stderr
     assert os.listdir(run) == ["config.json"]
+
+
+def test_a_failing_step_marks_the_run_failed_with_its_error(easy_data, tmp_path):
+    from trm.config import BASE_CONFIG, load_config
+    from trm.train.trainer import Trainer
+
+    config = load_config(
+        BASE_CONFIG,
+        [f"{k}={v}" for k, v in {**TINY, "train.epochs": 2, "train.eval_interval": 1}.items()],
+        base=None,
+    )
+    run = tmp_path / "run"
+    trainer = Trainer(config, easy_data, str(run), str(tmp_path / "cache"), log_every=1, use_wandb=False)
+
+    def broken_step(*_args):  # an injected fault, e.g. a device error in the middle of training
+        raise RuntimeError("injected device failure")
+
+    trainer.train_step = broken_step
+    with pytest.raises(RuntimeError, match="injected"):
+        trainer.run()
+    state = read_run(str(run))
+    assert state.state == "failed"
+    assert state.detail == "RuntimeError: injected device failure"
+    assert not (run / "_SUCCESS").exists()
 
 
 def test_remat_recomputes_the_differentiated_recursion_with_the_same_gradients(easy_data, tmp_path):

@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "trm.train.trainer",
         "Train a TRM on a staged dataset; resumes from the run dir's latest checkpoint.",
     ),
-    "launch": ("trm.launch.cli", "Run `trm train` on several hosts (local CPU processes) and wait for all."),
+    "launch": ("trm.launch.cli", "Run `trm train` on every host of a job (local CPU processes or a TPU slice); wait for all."),
     "config": ("trm.config.show", "Resolve, validate and print a run config (base <- experiment <- --set)."),
     "smoke-pool": ("trm.analysis.pool", "Write generated puzzles as train.csv/test.csv (smoke-scale source)."),
     "collect-run": ("trm.analysis.collect", "Copy a finished run's config, metrics and final.json to a folder."),
@@ -33,6 +33,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("trm.train.evaluate", "Evaluate a checkpoint at several test-time step counts (JSON + CSV)."),
     "import-torch": ("trm.train.import_torch", "Import an original PyTorch TRM checkpoint as a run dir."),
     "export-torch": ("trm.train.export_torch", "Export a run dir's model as an original PyTorch TRM state_dict."),
+    "verdicts": ("trm.analysis.verdicts", "Evaluate each group's success criteria on the results table."),
+    "guides": ("trm.analysis.guides", "Write the per-group study guides (docs/experiments/) from config/groups.yaml."),
+    "status": ("trm.analysis.status", "Show every run in storage: state, progress, accuracy, time to finish."),
 }
 
 

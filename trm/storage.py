@@ -114,3 +114,15 @@ def list_files(url: str) -> list[str]:
     if not fs.exists(root):
         return []
     return sorted(relative_path(root, p) for p in fs.find(root))
+
+
+def list_dirs(url: str) -> list[str]:
+    """Names of the folders directly below `url`, sorted; empty when nothing is there."""
+    fs, root = filesystem(url)
+    if not fs.exists(root):
+        return []
+    return sorted(
+        relative_path(root, entry["name"])
+        for entry in fs.ls(root, detail=True)
+        if entry["type"] == "directory"
+    )

@@ -4,7 +4,8 @@
 
 The run dir (a local path, file:// or gs:// URL) receives config.json (the resolved config), metrics.jsonl
 (train and eval records, one JSON object per line), ckpt/ (orbax checkpoints of the whole training state),
-final.json (final evaluation on the full test split, parameter digests) and _SUCCESS (written last).
+final.json (final evaluation on the full test split, parameter digests), status.json (state, progress and a
+heartbeat, read by `trm status` and the TPU launcher; see trm/train/runstate.py) and _SUCCESS (written last).
 
 Running the same command again after a kill or preemption continues from the latest checkpoint and ends with
 the same parameters as an uninterrupted run. SIGTERM/SIGINT save a checkpoint and exit with code 42.
@@ -45,6 +46,7 @@ from trm.train.checkpoint import Checkpointer
 from trm.train.data import TrainBatches, eval_batches
 from trm.train.hostlog import HostLog
 from trm.train.optim import dense_lr_schedule
+from trm.train.runstate import TrainerStatus
 from trm.train.schedule import cycles_at, halt_exploration_at
 from trm.train.step import EvalStep, Model, TrainState, TrainStep, check_train_config, init_state
 
@@ -253,6 +255,17 @@ class Trainer:
         )
         self.wandb = _start_wandb(config, run_dir) if use_wandb and self.is_writer else None
         self._stop_signal: int | None = None
+        self.status = TrainerStatus(
+            run_dir,
+            self.is_writer,
+            config_hash=config_hash(config),
+            total_steps=self.total_steps,
+            total_epochs=self.batches.epoch_at(self.total_steps),
+            global_batch_size=tc["global_batch_size"],
+            hosts=self.process_count,
+            devices=jax.device_count(),
+            slice=os.environ.get("TRM_SLICE") or None,
+        )
 
     def _check_run_dir(self) -> None:
         """A run dir belongs to one config, and every host must train that same config with the same code.
@@ -280,6 +293,19 @@ class Trainer:
             distributed.check_hosts_agree(f"the config hash read back from {url}", str(_config_hash_at(url)))
 
     def run(self) -> int:
+        """Train to the end (0) or until a stop signal (EXIT_PREEMPTED); status.json says which, or "failed"."""
+        try:
+            return self._run()
+        except BaseException as err:
+            # Only what process 0 sees: a host killed outright leaves "running" behind, and its stale heartbeat
+            # shows the run as lost.
+            try:
+                self.status.write("failed", error=f"{type(err).__name__}: {err}"[:2000])
+            except Exception as marker_err:  # storage may be what failed: keep the original error
+                print(f"could not write status.json: {marker_err}", file=sys.stderr)
+            raise
+
+    def _run(self) -> int:
         state = init_state(
             self.model, self.config, self.total_steps, self.train_cfg["global_batch_size"], self.mesh
         )
@@ -290,6 +316,7 @@ class Trainer:
             window = MetricWindow.from_record(record)
             print(f"resuming from step {start} of {self.total_steps}", file=sys.stderr)
         start = start or 0
+        self.status.write("running", step=start, epoch=self.batches.epoch_at(start))
         metrics_log = MetricsLog(storage.join(self.run_dir, "metrics.jsonl"), start, writer=self.is_writer)
         self._install_signal_handlers()
         started = time.time()
@@ -299,6 +326,7 @@ class Trainer:
             self._save(state, step, started, window)
             self.checkpoints.wait()
             metrics_log.flush()
+            self.status.write("preempted", step=step, epoch=self.batches.epoch_at(step))
             print(f"stopped by signal {self._stop_signal} at step {step}; checkpoint saved", file=sys.stderr)
             return EXIT_PREEMPTED
         final = self._evaluate(state, limit=None)
@@ -340,6 +368,13 @@ class Trainer:
             storage.write_text(
                 storage.join(self.run_dir, "final.json"), json.dumps(summary, indent=2, sort_keys=True)
             )
+            self.status.write(
+                "finished",
+                step=self.total_steps,
+                epoch=summary["epochs"],
+                eval_exact_accuracy=final["exact_accuracy"],
+                eval_step=self.total_steps,
+            )
             storage.write_text(storage.join(self.run_dir, "_SUCCESS"), "")
         if self.wandb:
             self.wandb.log({f"final/{k}": v for k, v in final.items()}, step=self.total_steps)
@@ -376,6 +411,9 @@ class Trainer:
                     self.wandb.log({f"train/{k}": v for k, v in record.items()}, step=done)
                 window.clear()
                 window_start = time.time()
+                self.status.write(
+                    "running", step=done, epoch=record["epoch"], examples_per_s=record["examples_per_s"]
+                )
             end_of_interval = done % self.batches.batches_per_iter == 0 and done < self.total_steps
             if end_of_interval:
                 evaluation = self._evaluate(state, limit=tc["eval_subset"])
@@ -390,9 +428,13 @@ class Trainer:
                     }
                 )
                 progress.write(f"step {done}: eval exact_accuracy {evaluation['exact_accuracy']:.4f}")
+                self.status.write(
+                    "running", step=done, eval_exact_accuracy=evaluation["exact_accuracy"], eval_step=done
+                )
             if end_of_interval or (self.checkpoints.due(done) and done < self.total_steps):
                 metrics_log.flush()
                 self._save(state, done, window_start, window)
+            self.status.heartbeat(step=done, epoch=self.batches.epoch_at(done))
             if self.host_log is not None:
                 self.host_log.maybe_flush()
             if self._stop_requested(done):

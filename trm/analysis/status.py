@@ -1,0 +1,243 @@
+"""Show every run in storage: its state, progress, latest accuracy, speed and time to finish.
+
+    trm status                                  the workflow's storage (config/config.yaml `storage`)
+    trm status --storage gs://BUCKET/trm        a bucket (the trainer and launcher write the markers there)
+    trm status --watch                          refresh every 30 s until Ctrl-C
+
+Run dirs are found below the storage root (ROOT/<scale>/runs/<hash>/, ROOT/runs/<hash>/ or ROOT itself). Each
+run's state comes from the markers its trainer and launcher write (trm/train/runstate.py), never from a guess:
+
+  queued      the launcher waits for a TPU slice          running    the trainer's heartbeat is fresh
+  starting    the launcher is starting the workers        lost       "running", but no heartbeat for --stale-after s
+  preempted   stopped with a checkpoint; resumes on relaunch
+  finished    _SUCCESS written                            failed / cancelled   with the reason
+
+Experiments are named by matching each run's config hash with the study plan at the run's scale (experiments with
+equal configs share a run); other runs show their directory name. ETA = steps left / recent steps per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from trm import storage
+from trm.config import CONFIG_DIR
+from trm.errors import UserError
+from trm.train.runstate import STALE_AFTER_S, RunState, read_run
+
+RUN_MARKERS = ("config.json", "status.json", "launch.json")
+NOT_RUN_DIRS = {"ckpt", "logs", "datasets", "code"}  # folders the search never descends into
+SCALES = ("smoke", "paper")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--storage",
+        help="storage root URL (gs://, file:// or a path); default: `storage` in config/config.yaml",
+    )
+    parser.add_argument(
+        "--watch",
+        nargs="?",
+        const=30.0,
+        type=float,
+        metavar="SECONDS",
+        help="refresh the table every SECONDS (default 30) until Ctrl-C",
+    )
+    parser.add_argument(
+        "--stale-after",
+        type=float,
+        default=STALE_AFTER_S,
+        metavar="SECONDS",
+        help="a running trainer whose heartbeat is older than this is shown as lost (default %(default)g)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object per run instead of a table"
+    )
+
+
+def find_run_dirs(root: str, depth: int = 3) -> list[str]:
+    """URLs of the run dirs at or below `root` (a folder holding a run marker), at most `depth` levels down."""
+    names = set(storage.list_dirs(root)) if depth > 0 else set()
+    if any(storage.exists(storage.join(root, marker)) for marker in RUN_MARKERS):
+        return [root]
+    found = []
+    for name in sorted(names - NOT_RUN_DIRS):
+        found += find_run_dirs(storage.join(root, name), depth - 1)
+    return found
+
+
+def _scale_of(run_dir: str) -> str | None:
+    """The scale in a run dir's URL (…/<scale>/runs/<hash>), if it follows the workflow's layout."""
+    parts = run_dir.rstrip("/").split("/")
+    return parts[-3] if len(parts) >= 3 and parts[-2] == "runs" and parts[-3] in SCALES else None
+
+
+def experiments_by_hash(scale: str) -> dict[str, list[str]]:
+    """config hash -> the study's experiment ids with that config at `scale`."""
+    from trm.analysis.plan import plan_study
+
+    names: dict[str, list[str]] = {}
+    for exp in plan_study(scale, "all", "all", source="trm status"):
+        names.setdefault(exp.hash, []).append(exp.id)
+    return names
+
+
+@dataclass
+class Row:
+    experiment: str
+    state: str
+    step: str
+    epoch: str
+    accuracy: str
+    speed: str
+    elapsed: str
+    eta: str
+    slice: str
+    detail: str
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def eta_seconds(run: RunState) -> float | None:
+    """Seconds to the last step at the latest measured speed; None when finished, failed or speed unknown."""
+    status = run.status
+    if run.state not in ("running", "starting", "queued", "preempted", "lost"):
+        return None
+    speed, batch = status.get("examples_per_s"), status.get("global_batch_size")
+    if not speed or not batch or "total_steps" not in status:
+        return None
+    return (status["total_steps"] - status.get("step", 0)) / (speed / batch)
+
+
+def row(run: RunState, experiment: str) -> Row:
+    s = run.status
+    total_steps, total_epochs = s.get("total_steps"), s.get("total_epochs")
+    step = f"{s.get('step', 0)}/{total_steps}" if total_steps else "-"
+    epoch = f"{s.get('epoch', 0)}/{total_epochs}" if total_epochs else "-"
+    accuracy = f"{s['eval_exact_accuracy']:.4f}" if s.get("eval_exact_accuracy") is not None else "-"
+    speed = f"{s['examples_per_s']:.1f} ex/s" if s.get("examples_per_s") else "-"
+    eta = eta_seconds(run)
+    return Row(
+        experiment,
+        run.state,
+        step,
+        epoch,
+        accuracy,
+        speed,
+        _duration(s.get("elapsed_s")),
+        _duration(eta) if eta is not None else "-",
+        run.slice_name or "-",
+        run.detail,
+    )
+
+
+def format_table(rows: list[Row]) -> str:
+    """Aligned columns, one line per run, its detail (why lost, failed, queued) in brackets at the end."""
+    headers = (
+        "experiment",
+        "state",
+        "step",
+        "epoch",
+        "eval exact acc",
+        "throughput",
+        "elapsed",
+        "ETA",
+        "slice",
+    )
+    table = [headers] + [
+        (r.experiment, r.state, r.step, r.epoch, r.accuracy, r.speed, r.elapsed, r.eta, r.slice) for r in rows
+    ]
+    widths = [max(len(line[i]) for line in table) for i in range(len(headers))]
+    details = [""] + [f"  ({r.detail})" if r.detail else "" for r in rows]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() + detail
+        for line, detail in zip(table, details, strict=True)
+    )
+
+
+def collect(root: str, stale_after_s: float) -> list[tuple[str, RunState]]:
+    """(experiment names, state) of every run below `root`, sorted by name."""
+    plans: dict[str, dict[str, list[str]]] = {}
+    runs = []
+    for run_dir in find_run_dirs(root):
+        run = read_run(run_dir, stale_after_s=stale_after_s)
+        scale = _scale_of(run_dir)
+        name = run_dir.rstrip("/").rsplit("/", 1)[-1]
+        if scale is not None:
+            if scale not in plans:
+                plans[scale] = experiments_by_hash(scale)
+            ids = plans[scale].get(run.status.get("config_hash") or name)
+            if ids:
+                name = ids[0] if len(ids) == 1 else f"{ids[0]} (+{len(ids) - 1} same config)"
+        runs.append((name, run))
+    return sorted(runs, key=lambda item: item[0])
+
+
+def _default_storage() -> str:
+    path = Path("config/config.yaml")
+    if not path.exists():
+        path = CONFIG_DIR / "config.yaml"
+    try:
+        return str(yaml.safe_load(path.read_text())["storage"])
+    except (OSError, KeyError, TypeError, yaml.YAMLError) as err:
+        raise UserError(f"no --storage given and none readable from {path}: {err}") from None
+
+
+def render(root: str, stale_after_s: float, as_json: bool) -> str:
+    runs = collect(root, stale_after_s)
+    if as_json:
+        return "\n".join(
+            json.dumps(
+                {
+                    "experiment": name,
+                    "run_dir": run.run_dir,
+                    "state": run.state,
+                    "detail": run.detail,
+                    "eta_s": eta_seconds(run),
+                    **{k: v for k, v in run.status.items() if k != "state"},
+                },
+                sort_keys=True,
+            )
+            for name, run in runs
+        )
+    if not runs:
+        return f"no runs under {root}"
+    counts: dict[str, int] = {}
+    for _, run in runs:
+        counts[run.state] = counts.get(run.state, 0) + 1
+    summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    return f"{format_table([row(run, name) for name, run in runs])}\n\n{len(runs)} runs under {root}: {summary} ({stamp})"
+
+
+def main(args: argparse.Namespace) -> int:
+    root = args.storage or _default_storage()
+    if args.stale_after <= 0:
+        raise UserError(f"--stale-after {args.stale_after}: must be > 0 seconds")
+    if args.watch is None:
+        print(render(root, args.stale_after, args.json))
+        return 0
+    if args.watch <= 0:
+        raise UserError(f"--watch {args.watch}: must be > 0 seconds")
+    try:
+        while True:
+            text = render(root, args.stale_after, args.json)
+            if sys.stdout.isatty():
+                sys.stdout.write("\033[2J\033[H")  # clear the screen
+            print(text, flush=True)
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return 0
