@@ -23,19 +23,37 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "trm.train.trainer",
         "Train a TRM on a staged dataset; resumes from the run dir's latest checkpoint.",
     ),
-    "launch": ("trm.launch.cli", "Run `trm train` on every host of a job (local CPU processes or a TPU slice); wait for all."),
+    "launch": ("trm.launch.cli", "Run `trm train` on every host of a job (local processes or a TPU slice)."),
     "config": ("trm.config.show", "Resolve, validate and print a run config (base <- experiment <- --set)."),
-    "smoke-pool": ("trm.analysis.pool", "Write generated puzzles as train.csv/test.csv (smoke-scale source)."),
-    "collect-run": ("trm.analysis.collect", "Copy a finished run's config, metrics and final.json to a folder."),
+    "smoke-pool": (
+        "trm.analysis.pool",
+        "Write generated puzzles as train.csv/test.csv (smoke-scale source).",
+    ),
+    "collect-run": (
+        "trm.analysis.collect",
+        "Copy a finished run's config, metrics and final.json to a folder.",
+    ),
     "run-metrics": ("trm.analysis.run_metrics", "Summarise one collected run's metrics as JSON."),
     "aggregate": ("trm.analysis.aggregate", "Gather all runs of the study into one table (CSV and Parquet)."),
     "plot-group": ("trm.analysis.plots", "Plot one experiment group's main plots (PNG and SVG)."),
-    "evaluate": ("trm.train.evaluate", "Evaluate a checkpoint at several test-time step counts (JSON + CSV)."),
+    "evaluate": (
+        "trm.train.evaluate",
+        "Evaluate a checkpoint at several test-time step counts (JSON + CSV).",
+    ),
     "import-torch": ("trm.train.import_torch", "Import an original PyTorch TRM checkpoint as a run dir."),
-    "export-torch": ("trm.train.export_torch", "Export a run dir's model as an original PyTorch TRM state_dict."),
+    "export-torch": (
+        "trm.train.export_torch",
+        "Export a run dir's model as an original PyTorch TRM state_dict.",
+    ),
     "verdicts": ("trm.analysis.verdicts", "Evaluate each group's success criteria on the results table."),
-    "guides": ("trm.analysis.guides", "Write the per-group study guides (docs/experiments/) from config/groups.yaml."),
-    "status": ("trm.analysis.status", "Show every run in storage: state, progress, accuracy, time to finish."),
+    "guides": (
+        "trm.analysis.guides",
+        "Write the per-group study guides (docs/experiments/) from config/groups.yaml.",
+    ),
+    "status": (
+        "trm.analysis.status",
+        "Show every run in storage: state, progress, accuracy, time to finish.",
+    ),
 }
 
 
