@@ -1,4 +1,4 @@
-# The TRM scaling study: 67 experiments from raw puzzles to scaling plots (config/README.md, workflow section).
+# The TRM scaling study: 67 experiments from raw puzzles to scaling plots (docs/configuration.md, workflow section).
 #   snakemake -n                                  plan, with estimated accelerator-hours per training job
 #   snakemake all                                 everything: datasets, runs, table, plots
 #   snakemake --config experiments=[exp01a]       one experiment (or groups=[exp01] for one group)

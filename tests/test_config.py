@@ -13,6 +13,7 @@ import yaml
 from trm.config import (
     BASE_CONFIG,
     CONFIG_DIR,
+    REFERENCE_PATH,
     SCHEMA_PATH,
     config_hash,
     dump_config,
@@ -414,9 +415,11 @@ def test_experiment_path_checks_id_and_existence():
         experiment_path("exp01g")
 
 
-def test_config_readme_matches_the_generated_reference():
-    readme = (CONFIG_DIR / "README.md").read_text()
-    assert readme == reference_markdown(), "config/README.md is stale: run .venv/bin/python -m trm.config"
+def test_configuration_reference_matches_the_generated_reference():
+    readme = REFERENCE_PATH.read_text()
+    assert readme == reference_markdown(), (
+        "docs/configuration.md is stale: run .venv/bin/python -m trm.config"
+    )
     for key in config_keys():
         assert f"`{key}`" in readme
 

@@ -1,7 +1,7 @@
-"""Regenerate config/README.md from the schema and the group table: python -m trm.config"""
+"""Regenerate docs/configuration.md from the schema and the group table: python -m trm.config"""
 
-from trm.config import CONFIG_DIR, reference_markdown
+from trm.config import REFERENCE_PATH, reference_markdown
 
 if __name__ == "__main__":
-    (CONFIG_DIR / "README.md").write_text(reference_markdown())
-    print(f"wrote {CONFIG_DIR / 'README.md'}")
+    REFERENCE_PATH.write_text(reference_markdown())
+    print(f"wrote {REFERENCE_PATH}")

@@ -1,4 +1,4 @@
-"""Generate config/README.md from the schema and the group table, so the documentation cannot drift.
+"""Generate docs/configuration.md from the schema and the group table, so the documentation cannot drift.
 
 Regenerate with: .venv/bin/python -m trm.config
 """
@@ -109,7 +109,7 @@ def _workflow_section() -> list[str]:
 
 
 def reference_markdown() -> str:
-    """The text of config/README.md: every config key with its type, baseline value and meaning, and the groups."""
+    """The text of docs/configuration.md: every config key with its type, baseline value and meaning, and the groups."""
     lines = [INTRO]
     for name, node in schema()["properties"].items():
         lines += _section(name, node, 2)
