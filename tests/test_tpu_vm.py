@@ -172,7 +172,10 @@ def _stop(proc: subprocess.Popen) -> None:
 def test_preempted_slice_is_recreated_and_the_run_resumes_from_its_checkpoint(cloud, bucket, data, tmp_path):
     run_dir = f"{bucket}/runs/preempted"
     log = tmp_path / "launcher.log"
-    launcher = _start(_launch_command(bucket, tmp_path, run_dir, data, tpu=("--tpu-create",)), log)
+    # 144 steps, checkpoints every 4: the preemption must come long before the run could finish on its own
+    # (with the default 48 steps it sometimes finished first, and nothing was resumed).
+    longer = ("--set=train.epochs=24",)
+    launcher = _start(_launch_command(bucket, tmp_path, run_dir, data, *longer, tpu=("--tpu-create",)), log)
     try:
         started = time.time()
         _wait(lambda: _checkpoints(run_dir), launcher, log, 180, "checkpoint")
