@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 pytest_plugins = ["gcs_emulator"]  # GCS emulator fixtures (tests/gcs_emulator.py)
+
+# One persistent XLA compilation cache for the session, inherited by every subprocess (trainers, hosts): the
+# tests compile the same tiny programs many times, and on 2 cores compiling is much of their time. Set before
+# anything imports jax. A fresh folder per session, so no run depends on an earlier one.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix="trm-tests-xla-cache-")
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Real hard puzzles live beside the checkout (../shared/data/sudoku); they are not part of the project.

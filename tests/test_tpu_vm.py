@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 FAKE_GCLOUD = REPO / "tests" / "fake_gcloud"
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 SLICE = "trm-test-a"
+OTHER_SLICE = "trm-test-b"
 # 48 train groups x 8 epochs / 8 = 48 steps, a checkpoint every 4: long enough to preempt mid-run.
 RUN = {
     **TINY,
@@ -281,14 +282,18 @@ def test_profile_dry_run_needs_no_gcloud_and_shows_tpu_hours(tmp_path):
 
 
 def _test_profile(root: Path, bucket: str, tmp: Path) -> Path:
-    """profiles/tpu-v4-64 with the same keys, on the emulator: 2 hosts x 1 device, smoke scale, fast polls."""
+    """profiles/tpu-v4-64 with the same keys, on the emulator: a pool of two slices of 2 hosts x 1 device, smoke
+    scale, fast polls."""
     profile = root / "profiles" / "tpu-test"
     shutil.copytree(REPO / "profiles" / "tpu-v4-64", profile)
+    settings = yaml.safe_load((profile / "config.yaml").read_text())
+    settings["resources"]["tpu"] = 2  # one training job per slice of the pool
+    (profile / "config.yaml").write_text(yaml.safe_dump(settings))
     study = yaml.safe_load((profile / "study.yaml").read_text())
     study.update(scale="smoke", storage=f"{bucket}/study", experiments=["exp01a", "exp04a_100"])
     study["launch"].update(hosts=2, devices_per_host=1)
     study["launch"]["tpu"].update(
-        slices=[SLICE],
+        slices=[SLICE, OTHER_SLICE],
         project="trm-test-project",
         python="python3",
         install_dependencies=False,
@@ -322,6 +327,9 @@ def test_profile_runs_two_experiments_on_an_emulated_slice(cloud, bucket, tmp_pa
     for target in targets:
         assert json.loads((root / target).read_text())["test"]
     assert "launch state finished" in logs
+    # The two jobs ran at once, each on its own slice of the pool.
     ssh = [argv for argv in _gcloud_calls(cloud) if argv[2:4] == ["tpu-vm", "ssh"]]
-    assert ssh and all(argv[4] == SLICE and "--worker=all" in argv for argv in ssh)
+    assert ssh and all("--worker=all" in argv for argv in ssh)
+    assert {argv[4] for argv in ssh} == {SLICE, OTHER_SLICE}
     _wait_until_exited(SLICE)
+    _wait_until_exited(OTHER_SLICE)
