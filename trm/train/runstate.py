@@ -2,8 +2,8 @@
 
 Nothing is guessed; every state comes from a file some process wrote:
 
-  status.json   the trainer (process 0): its state, progress and a heartbeat (`updated_at`), refreshed at every
-                train record and at least every HEARTBEAT_S while training.
+  status.json   the trainer (process 0): its state, progress and a heartbeat (`updated_at`), written at start,
+                with every checkpoint, at the end, and at least every HEARTBEAT_S while training.
   launch.json   the launcher of a job: waiting for a slice, starting the workers, relaunching after a preemption,
                 failed or cancelled, with the slice's name.
   _SUCCESS      the trainer, last of all: the run finished.
@@ -157,6 +157,10 @@ class TrainerStatus:
             "eval_step": previous.get("eval_step"),
             "examples_per_s": previous.get("examples_per_s"),
         }
+
+    def record(self, **fields) -> None:
+        """Keep `fields` for the next write (cheap: no storage access)."""
+        self.fields.update(fields)
 
     def write(self, state: str, **fields) -> None:
         """Record `fields` and write status.json now with `state`."""

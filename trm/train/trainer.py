@@ -411,9 +411,9 @@ class Trainer:
                     self.wandb.log({f"train/{k}": v for k, v in record.items()}, step=done)
                 window.clear()
                 window_start = time.time()
-                self.status.write(
-                    "running", step=done, epoch=record["epoch"], examples_per_s=record["examples_per_s"]
-                )
+                # Recorded now, written with the next checkpoint or heartbeat: a GCS write per record would slow
+                # fast steps.
+                self.status.record(examples_per_s=record["examples_per_s"])
             end_of_interval = done % self.batches.batches_per_iter == 0 and done < self.total_steps
             if end_of_interval:
                 evaluation = self._evaluate(state, limit=tc["eval_subset"])
@@ -428,12 +428,11 @@ class Trainer:
                     }
                 )
                 progress.write(f"step {done}: eval exact_accuracy {evaluation['exact_accuracy']:.4f}")
-                self.status.write(
-                    "running", step=done, eval_exact_accuracy=evaluation["exact_accuracy"], eval_step=done
-                )
+                self.status.record(eval_exact_accuracy=evaluation["exact_accuracy"], eval_step=done)
             if end_of_interval or (self.checkpoints.due(done) and done < self.total_steps):
                 metrics_log.flush()
                 self._save(state, done, window_start, window)
+                self.status.write("running", step=done, epoch=self.batches.epoch_at(done))
             self.status.heartbeat(step=done, epoch=self.batches.epoch_at(done))
             if self.host_log is not None:
                 self.host_log.maybe_flush()
