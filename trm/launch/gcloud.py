@@ -49,25 +49,19 @@ class Location:
         return [f"--zone={self.zone}"] + ([f"--project={self.project}"] if self.project else [])
 
 
+def _tpus(*args: str) -> list[str]:
+    return ["gcloud", "compute", "tpus", *args]
+
+
 def ssh_all(name: str, where: Location, command: str) -> list[str]:
     """Run the bash `command` on every worker of slice `name`."""
     check(name, NAME, "slice name")
-    return [
-        "gcloud",
-        "compute",
-        "tpus",
-        "tpu-vm",
-        "ssh",
-        name,
-        *where.flags(),
-        "--worker=all",
-        f"--command={command}",
-    ]
+    return _tpus("tpu-vm", "ssh", name, *where.flags(), "--worker=all", f"--command={command}")
 
 
 def describe_node(name: str, where: Location) -> list[str]:
     check(name, NAME, "slice name")
-    return ["gcloud", "compute", "tpus", "tpu-vm", "describe", name, *where.flags(), "--format=value(state)"]
+    return _tpus("tpu-vm", "describe", name, *where.flags(), "--format=value(state)")
 
 
 def create_queued_resource(
@@ -81,10 +75,7 @@ def create_queued_resource(
     flags = {"spot": ["--spot"], "reserved": ["--reserved"], "on-demand": []}
     if provisioning not in flags:
         raise UserError(f"provisioning {provisioning!r}: expected one of {', '.join(flags)}")
-    return [
-        "gcloud",
-        "compute",
-        "tpus",
+    return _tpus(
         "queued-resources",
         "create",
         qr,
@@ -93,38 +84,18 @@ def create_queued_resource(
         f"--accelerator-type={accelerator}",
         f"--runtime-version={runtime}",
         *flags[provisioning],
-    ]
+    )
 
 
 def describe_queued_resource(qr: str, where: Location) -> list[str]:
     check(qr, NAME, "queued resource name")
-    return [
-        "gcloud",
-        "compute",
-        "tpus",
-        "queued-resources",
-        "describe",
-        qr,
-        *where.flags(),
-        "--format=value(state.state)",
-    ]
+    return _tpus("queued-resources", "describe", qr, *where.flags(), "--format=value(state.state)")
 
 
 def delete_queued_resource(qr: str, where: Location) -> list[str]:
     """Delete a queued resource and its slice (without waiting)."""
     check(qr, NAME, "queued resource name")
-    return [
-        "gcloud",
-        "compute",
-        "tpus",
-        "queued-resources",
-        "delete",
-        qr,
-        *where.flags(),
-        "--force",
-        "--async",
-        "--quiet",
-    ]
+    return _tpus("queued-resources", "delete", qr, *where.flags(), "--force", "--async", "--quiet")
 
 
 def run(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
