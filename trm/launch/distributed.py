@@ -214,6 +214,20 @@ def check_hosts_agree(what: str, value: str) -> None:
         raise UserError(f"hosts disagree on {what}: host 0 has {values[0]}; {detail}")
 
 
+def git_sha(repo: Path) -> str | None:
+    """The commit checked out in `repo` (12 hex digits); None outside a git checkout or without git."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
 @functools.cache
 def code_version() -> str:
     """Package version plus, in a git checkout, the commit and a digest of uncommitted changes to trm/."""
@@ -222,14 +236,10 @@ def code_version() -> str:
     except metadata.PackageNotFoundError:
         version = "unknown"
     repo = Path(__file__).resolve().parents[2]
+    sha = git_sha(repo)
+    if sha is None:
+        return version
     try:
-        sha = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
         diff = subprocess.run(
             ["git", "-C", str(repo), "diff", "HEAD", "--", "trm"],
             capture_output=True,

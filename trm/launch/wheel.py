@@ -17,6 +17,7 @@ from pathlib import Path
 
 from trm import storage
 from trm.errors import UserError
+from trm.launch import distributed
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = "trm"
@@ -27,19 +28,6 @@ def _sources(repo: Path) -> list[Path]:
     files = [repo / name for name in PROJECT_FILES]
     files += sorted(p for p in (repo / PACKAGE).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
     return files
-
-
-def _git_sha(repo: Path) -> str | None:
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
 
 
 def _base_version(pyproject: str) -> str:
@@ -54,7 +42,7 @@ def code_wheel_version(repo: Path = REPO) -> str:
     digest = hashlib.sha256()
     for path in _sources(repo):
         digest.update(str(path.relative_to(repo)).encode() + b"\0" + path.read_bytes() + b"\0")
-    sha = _git_sha(repo)
+    sha = distributed.git_sha(repo)
     local = (f"git.{sha}." if sha else "") + f"src.{digest.hexdigest()[:12]}"
     return f"{_base_version((repo / 'pyproject.toml').read_text())}+{local}"
 
