@@ -64,11 +64,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def find_run_dirs(root: str, depth: int = 3) -> list[str]:
     """URLs of the run dirs at or below `root` (a folder holding a run marker), at most `depth` levels down."""
-    names = set(storage.list_dirs(root)) if depth > 0 else set()
     if any(storage.exists(storage.join(root, marker)) for marker in RUN_MARKERS):
         return [root]
+    if depth == 0:
+        return []
     found = []
-    for name in sorted(names - NOT_RUN_DIRS):
+    for name in sorted(set(storage.list_dirs(root)) - NOT_RUN_DIRS):
         found += find_run_dirs(storage.join(root, name), depth - 1)
     return found
 
