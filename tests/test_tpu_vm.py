@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -150,10 +151,11 @@ def _wait_until_exited(name: str, timeout: float = 60) -> None:
 
 
 def _checkpoints(run_dir: str) -> list[int]:
+    """Steps whose checkpoint is finalized. On GCS orbax marks a finished step with <step>/commit_success.txt;
+    each item (<step>/state/, <step>/record/) gets its own such file earlier, which does not make the step
+    restorable."""
     files = storage.list_files(storage.join(run_dir, "ckpt"))
-    return sorted(
-        {int(f.split("/")[0]) for f in files if f.split("/")[0].isdigit() and "commit_success" in f}
-    )
+    return sorted(int(f.split("/")[0]) for f in files if re.fullmatch(r"[0-9]+/commit_success\.txt", f))
 
 
 def _gcloud_calls(state: Path) -> list[list[str]]:
@@ -197,7 +199,9 @@ def test_preempted_slice_is_recreated_and_the_run_resumes_from_its_checkpoint(cl
     verbs = [argv[3:5] for argv in _gcloud_calls(cloud) if argv[2:3] == ["queued-resources"]]
     assert verbs.count(["create", SLICE]) == 2 and verbs.count(["delete", SLICE]) == 1
     host_log = storage.read_text(f"{run_dir}/logs/host-0.log")
-    assert "resuming from step" in host_log
+    assert "resuming from step" in host_log, (
+        f"host log:\n{host_log}\nlauncher log:\n{output[-4000:]}\nfiles: {storage.list_files(run_dir)}"
+    )
     resumed = int(host_log.split("resuming from step ")[1].split()[0])
     assert resumed in _checkpoints(run_dir) or resumed >= 4
     launch = json.loads(storage.read_text(f"{run_dir}/launch.json"))
