@@ -20,9 +20,11 @@ run: $(STAMP)
 	$(BIN)/snakemake --cores 2 all
 	$(BIN)/snakemake --report results/report.html
 
+# Two pytest workers, one test module each at a time (module fixtures are built once); TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check trm tests benchmarks
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check trm tests benchmarks
