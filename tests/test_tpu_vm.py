@@ -192,6 +192,31 @@ def test_cancelled_job_stops_every_host_process_and_hostile_values_stay_quoted(
         assert not any(host.glob("PWNED*")) and not any(REPO.glob("PWNED*"))
 
 
+def test_a_broken_install_fails_the_job_without_spending_its_relaunches(cloud, tpu_bucket, data, tmp_path):
+    subprocess.run(["gcloud", "fake-create-node", SLICE], check=True, timeout=30)
+    run_dir = f"{tpu_bucket}/runs/broken-install"
+    broken = ("--tpu-python", "python3.99-missing", "--tpu-max-relaunches", "5")
+    done = subprocess.run(
+        _launch_command(tpu_bucket, tmp_path, run_dir, data, tpu=broken),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output[-4000:]
+    assert "python3.99-missing" in output  # the hosts' error is in the job's log
+    launch = json.loads(storage.read_text(f"{run_dir}/launch.json"))
+    assert launch["state"] == "failed" and "2 times in a row" in launch["message"], launch
+    installs = [
+        argv
+        for argv in gcloud_calls(cloud)
+        if argv[2:4] == ["tpu-vm", "ssh"] and any("pip install" in arg for arg in argv)
+    ]
+    assert len(installs) == 2  # retried once, not five times
+    assert node_pids(SLICE) == []
+
+
 @pytest.mark.parametrize(
     ("flag", "value"),
     [

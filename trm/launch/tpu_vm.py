@@ -11,7 +11,8 @@ Run on the controller (the machine running Snakemake), one launcher per job:
  4. Start `trm train` detached on all hosts (`gcloud compute tpus tpu-vm ssh --worker=all`), with TRM_SLICE.
  5. Poll the run's markers (trm/train/runstate.py) and the slice's state. When the slice is preempted or a host
     is lost (stale heartbeat), recreate the slice (create mode) or wait for it (pool), and relaunch: the
-    trainer resumes from the latest checkpoint. At most `--tpu-max-relaunches` times.
+    trainer resumes from the latest checkpoint. At most `--tpu-max-relaunches` times. Starting that fails
+    twice in a row on a slice that stays READY (a broken install) fails the job instead.
  6. SIGTERM or SIGINT (Snakemake cancelling the job) stops the trainer on every host (it checkpoints first),
     marks the run cancelled and exits 128 + signal.
 
@@ -42,6 +43,9 @@ from trm.train import runstate
 EXIT_FAILED = 1
 EXIT_PREEMPTED = 42
 SSH_TIMEOUT_S = 1800.0  # installing the dependencies on a fresh slice takes minutes
+# Starting on a slice that stays READY failed this many times in a row: a broken install or start (a missing
+# Python, a bad wheel), not a preemption, so the job fails instead of spending its relaunches.
+MAX_START_FAILURES_ON_READY_SLICE = 2
 CLOCK_SKEW_S = 30.0  # controller and hosts stamp times with their own clocks
 # Trainer arguments the launcher sets itself on every host.
 RESERVED_ARGS = ("--coordinator", "--num-processes", "--process-id", "--distributed-auto")
@@ -211,6 +215,7 @@ class Babysitter:
         self.slice = slice_name
         self.attempt = 0
         self.started = False  # trainers may be running on the hosts
+        self.start_failures = 0  # in a row, on a slice that stayed READY
 
     # ------------------------------------------------------------------------------------------- gcloud
 
@@ -370,10 +375,11 @@ class Babysitter:
                 self.mark("starting", f"starting trm train on every host of {self.slice}")
                 since = time.time()
                 if self.start(version, wheel_url):
+                    self.start_failures = 0
                     self.mark("running")
                     outcome, why = self.watch(since)
                 else:
-                    outcome, why = "relaunch", "starting on the hosts failed"
+                    outcome, why = self._start_failed()
             if outcome == "finished":
                 self.mark("finished")
                 return 0
@@ -385,6 +391,20 @@ class Babysitter:
                 self.mark("failed", f"{why}; gave up after {options.max_relaunches} relaunches")
                 return EXIT_PREEMPTED
             self.mark("preempted", f"{why}; relaunching (attempt {self.attempt + 1})")
+
+    def _start_failed(self) -> tuple[str, str]:
+        """A failed start on a slice that is gone or not READY was a preemption; on a READY slice, a broken
+        install or start script, retried once (a transient download error) before the job fails."""
+        node = self._node_state()
+        if node != gcloud.NODE_READY:
+            return "relaunch", f"starting on the hosts failed; slice {self.slice} is {node or 'gone'}"
+        self.start_failures += 1
+        if self.start_failures >= MAX_START_FAILURES_ON_READY_SLICE:
+            return "failed", (
+                f"starting on the hosts of {self.slice} failed {self.start_failures} times in a row while the "
+                "slice was READY: the install or start script fails (see the hosts' output above)"
+            )
+        return "relaunch", "starting on the hosts failed (the slice is READY: retrying once)"
 
 
 class _SliceLost(Exception):
