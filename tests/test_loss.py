@@ -125,6 +125,7 @@ def test_metrics_count_only_halted_rows_with_labels():
     assert float(metrics["exact_accuracy"]) == 1
     assert float(metrics["q_halt_accuracy"]) == 2  # rows 0 and 3
     assert float(metrics["steps"]) == 3 + 16 + 7
+    assert float(metrics["steps_sq"]) == 3**2 + 16**2 + 7**2
     # The padded row still enters the loss with a zero CE (divisor max(count, 1)).
     assert np.isfinite(float(metrics["lm_loss"]))
 

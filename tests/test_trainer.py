@@ -198,6 +198,12 @@ def test_a_tiny_model_learns(easy_data, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     train = [r for r in _records(run) if r["kind"] == "train"]
     assert train[-1]["lm_loss"] < 0.5 * train[0]["lm_loss"]
+    # Halt steps lie in 1..halt_max_steps, so their variance is at most (halt_max_steps - 1)^2 / 4.
+    halt_max = json.loads((run / "config.json").read_text())["arch"]["halt_max_steps"]
+    for record in train:
+        assert 1 <= record["steps"] <= halt_max
+        assert 0 <= record["steps_variance"] <= (halt_max - 1) ** 2 / 4
+    assert any(record["steps_variance"] > 0 for record in train)  # rows halt at different steps
     # Chance is 1/9 per cell; copying the givens alone is not enough to be exact on unseen test puzzles.
     assert _final(run)["test"]["accuracy"] > 0.6
 

@@ -6,8 +6,9 @@ The test figures are the trainer's final evaluation on the full test split (EMA 
 `test_time` holds the run's `trm evaluate` results (--test-time): test accuracy after each evaluated number of
 supervision steps, from the run's last checkpoint (refused if that is not the checkpoint the run finished with).
 Train-side figures come from metrics.jsonl: mean halt steps and train exact accuracy average the train records of
-the last evaluation interval; throughput is the median over train records after the first (which includes
-compilation). A figure the run did not measure is null, e.g. raw-weight accuracy or the halt-step variance.
+the last evaluation interval, and the halt-step variance pools their rows; throughput is the median over train
+records after the first (which includes compilation). A figure the run did not measure is null, e.g. raw-weight
+accuracy.
 """
 
 from __future__ import annotations
@@ -34,6 +35,19 @@ TEST_TIME_FIELDS = (
 
 def _read_records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _pooled_variance(records: list[dict]) -> float | None:
+    """Variance of the halt steps over all rows counted in `records` (train records with count, steps and
+    steps_variance); None when a record lacks it (a run from a version that did not measure it)."""
+    if not records or any(r.get("steps_variance") is None for r in records):
+        return None
+    count = sum(r["count"] for r in records)
+    if count <= 0:
+        return None
+    mean = sum(r["count"] * r["steps"] for r in records) / count
+    second = sum(r["count"] * (r["steps_variance"] + r["steps"] ** 2) for r in records) / count
+    return max(second - mean * mean, 0.0)
 
 
 def summarize_run(run_dir: str | Path, test_time_path: str | Path) -> dict:
@@ -74,7 +88,7 @@ def summarize_run(run_dir: str | Path, test_time_path: str | Path) -> dict:
         "train_exact_accuracy": train_exact,
         "train_test_gap": None if train_exact is None else train_exact - test["exact_accuracy"],
         "mean_halt_steps": statistics.fmean(r["steps"] for r in last_interval) if last_interval else None,
-        "halt_steps_variance": None,
+        "halt_steps_variance": _pooled_variance(last_interval),
         "examples_per_second": examples_per_second,
         "step_time_s": config["train"]["global_batch_size"] / examples_per_second
         if examples_per_second

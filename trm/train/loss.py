@@ -13,7 +13,16 @@ import jax.numpy as jnp
 from trm.model.act import Carry, StepOutputs
 
 IGNORE_LABEL = -100
-METRIC_KEYS = ("count", "accuracy", "exact_accuracy", "q_halt_accuracy", "steps", "lm_loss", "q_halt_loss")
+METRIC_KEYS = (
+    "count",
+    "accuracy",
+    "exact_accuracy",
+    "q_halt_accuracy",
+    "steps",
+    "steps_sq",
+    "lm_loss",
+    "q_halt_loss",
+)
 
 
 def log_stablemax(logits: jax.Array) -> jax.Array:
@@ -85,6 +94,7 @@ def act_loss(
         "exact_accuracy": (valid & seq_is_correct).sum(),
         "q_halt_accuracy": (valid & ((q_halt >= 0) == seq_is_correct)).sum(),
         "steps": jnp.where(valid, carry.steps, 0).sum(),
+        "steps_sq": jnp.where(valid, jnp.square(carry.steps), 0).sum(),  # for the halt-step variance
         "lm_loss": lm_loss,
         "q_halt_loss": q_halt_loss,
     }

@@ -167,6 +167,14 @@ class MetricsLog:
             storage.write_text(self.url, "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.records))
 
 
+def halt_step_moments(sums: dict[str, float], count: float) -> dict[str, float | None]:
+    """Mean and variance of the supervision steps at which the counted rows halted, from metric sums (the
+    variance is None for sums saved by a version without `steps_sq`, in a resumed run's first window)."""
+    mean = sums["steps"] / count
+    variance = max(sums["steps_sq"] / count - mean * mean, 0.0) if "steps_sq" in sums else None
+    return {"steps": mean, "steps_variance": variance}
+
+
 class MetricWindow:
     """Metric sums of the steps since the last train record.
 
@@ -454,7 +462,8 @@ class Trainer:
             "lm_loss": sums["lm_loss"] / examples,
             "q_halt_loss": sums["q_halt_loss"] / examples,
             "count": sums["count"],
-            **{k: sums[k] / count for k in ("accuracy", "exact_accuracy", "q_halt_accuracy", "steps")},
+            **{k: sums[k] / count for k in ("accuracy", "exact_accuracy", "q_halt_accuracy")},
+            **halt_step_moments(sums, count),
             "H_cycles": cycles[0],
             "L_cycles": cycles[1],
             "halt_exploration_prob": float(exploration),
@@ -474,7 +483,9 @@ class Trainer:
             for k, v in self.eval_step(state, batch.as_dict()).items():
                 sums[k] = sums.get(k, 0.0) + float(v)
         count = max(sums.pop("count"), 1.0)
-        return {"count": count, **{k: v / count for k, v in sums.items()}}
+        moments = halt_step_moments(sums, count)
+        means = {k: v / count for k, v in sums.items() if k not in ("steps", "steps_sq")}
+        return {"count": count, **means, **moments}
 
     def _save(self, state: TrainState, step: int, started: float, window: MetricWindow) -> None:
         record = {
