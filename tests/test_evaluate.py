@@ -29,6 +29,7 @@ TINY = {
     "train.eval_subset": 8,
     "train.epochs": 4,
     "train.eval_interval": 4,
+    "train.eval_steps": 2,
     "train.checkpoint_every_steps": 1000,
     "optim.lr_warmup_steps": 5,
     "optim.lr": 1e-3,
@@ -58,18 +59,20 @@ def test_multi_count_pass_equals_separate_runs_and_the_trainers_evaluation(train
     assert weights.source == "ema"
     split = load_eval_split(str(trained["built"]), "test", str(trained["cache"]))
     # 12 test puzzles in a batch of 16: 4 padding rows, which must count nowhere.
-    multi = evaluate(weights, split, (4, 16, 32), batch_size=16, progress=False)
+    multi = evaluate(weights, split, (2, 16, 32), batch_size=16, progress=False)
     single = evaluate(weights, split, (16,), batch_size=16, progress=False)
-    assert [r["steps"] for r in multi] == [4, 16, 32]
+    assert [r["steps"] for r in multi] == [2, 16, 32]
     assert multi[1] == single[0]
     assert multi[0] != multi[1]  # more steps change the answers of a barely trained model
 
-    # The trainer evaluated the same EMA weights after eval_steps = 16, in batches of 8.
+    # The trainer evaluated the same EMA weights after eval_steps = 2, in batches of 8 (another compiled
+    # program). Compared after 2 supervision steps, where a last-bit difference has not yet been amplified by
+    # the recurrence (about x19 per step when untrained), so the comparison holds on any CPU.
     final = json.loads((trained["run"] / "final.json").read_text())["test"]
-    assert single[0]["count"] == final["count"] == len(split.inputs)
+    assert multi[0]["count"] == final["count"] == len(split.inputs)
     for key in ("exact_accuracy", "accuracy", "q_halt_accuracy", "lm_loss", "q_halt_loss"):
-        assert single[0][key] == pytest.approx(final[key], rel=1e-5, abs=1e-7), key
-    assert 0 < single[0]["accuracy"] < 1
+        assert multi[0][key] == pytest.approx(final[key], rel=1e-5, abs=1e-7), key
+    assert 0 < multi[0]["accuracy"] < 1
     for record in multi:
         assert 1 <= record["mean_halt_step"] <= record["steps"]
         assert 0 <= record["halted_fraction"] <= 1
@@ -100,14 +103,14 @@ def test_cli_outputs_on_staged_dataset_and_csv(trained, tmp_path):
 
 def test_same_results_on_one_and_two_devices(trained, tmp_path):
     assert jax.local_device_count() == 1
-    one = _evaluate_cli(trained, tmp_path / "one.json", str(trained["built"]))
+    one = _evaluate_cli(trained, tmp_path / "one.json", str(trained["built"]), ["--steps", "1,2"])
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
     cmd = [sys.executable, "-m", "trm.cli", "evaluate", "--checkpoint", str(trained["run"])]
     cmd += [
         "--data",
         str(trained["built"]),
         "--steps",
-        "2,6",
+        "1,2",
         "--batch-size",
         "6",
         "--out",
@@ -118,7 +121,9 @@ def test_same_results_on_one_and_two_devices(trained, tmp_path):
     two = json.loads((tmp_path / "two.json").read_text())
     assert (one["devices"], two["devices"]) == (1, 2)
     # Per-puzzle outcomes are identical; the float32 per-puzzle losses may differ in the last bit, since
-    # XLA may order a reduction differently for a shard of 3 rows than for 6.
+    # XLA may order a reduction differently for a shard of 3 rows than for 6. One and two supervision steps:
+    # the untrained recurrence amplifies such a difference about x19 per step, so more steps could flip an
+    # answer on some CPUs.
     for a, b in zip(one["results"], two["results"], strict=True):
         assert {k: v for k, v in a.items() if "loss" not in k} == {
             k: v for k, v in b.items() if "loss" not in k

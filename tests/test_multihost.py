@@ -99,25 +99,6 @@ def _latest_checkpoint(run_dir: Path) -> int:
     return max((int(p.name) for p in (run_dir / "ckpt").glob("*") if p.name.isdigit()), default=-1)
 
 
-def _restore_state(run_dir: Path, data: str, cache: Path):
-    """The final training state of a run, restored onto this process's device."""
-    from trm.data.format import read_metadata
-    from trm.data.verify import fetch_dataset
-    from trm.model.config import ModelConfig
-    from trm.train.checkpoint import Checkpointer
-    from trm.train.step import Model, init_state
-
-    config = json.loads((run_dir / "config.json").read_text())
-    metadata = read_metadata(fetch_dataset(data, cache), "train")
-    model = Model(ModelConfig.from_dict(config["arch"], metadata), seed=config["train"]["seed"])
-    steps = _final(run_dir)["steps"]
-    like = init_state(model, config, steps, config["train"]["global_batch_size"])
-    checkpoints = Checkpointer(str(run_dir / "ckpt"), keep=3, every_steps=steps)
-    state, _ = checkpoints.restore(steps, like)
-    checkpoints.close()
-    return state
-
-
 @pytest.fixture(scope="module")
 def two_by_two(data, tmp_path_factory) -> Path:
     """An uninterrupted run on 2 hosts x 2 devices: the reference of the tests below."""
@@ -127,47 +108,63 @@ def two_by_two(data, tmp_path_factory) -> Path:
     return tmp / "run"
 
 
-def test_two_hosts_train_like_one_host_with_the_same_devices(data, two_by_two, tmp_path):
-    import jax
+def test_two_hosts_train_exactly_like_one_host_with_the_same_devices(data, tmp_path):
+    """2 hosts x 1 device and 1 host x 2 devices end with bit-identical parameters, EMA and metrics.
 
+    Bit-identical by construction, on any CPU: each device runs the same compiled program on the same rows, and
+    every cross-device sum has two terms, which floating-point addition adds the same way in either order. (With
+    more devices the all-reduce's summation order depends on the layout, and the untrained recurrence amplifies
+    a last-bit difference about x19 per supervision step, so 2 x 2 against 1 x 4 is not comparable bit for bit.)
+    """
     from trm.config import load_config
     from trm.data.format import load_split
     from trm.data.verify import fetch_dataset
     from trm.train.data import TrainBatches
 
-    one_host = tmp_path / "one-host"
-    done = _launch(1, 4, _train_args(data, one_host, tmp_path / "cache", {}))
-    assert done.returncode == 0, done.stdout[-4000:]
-    assert "[host 0]" in done.stdout
+    runs = {}
+    for hosts, devices in ((2, 1), (1, 2)):
+        runs[hosts] = tmp_path / f"{hosts}x{devices}"
+        done = _launch(hosts, devices, _train_args(data, runs[hosts], tmp_path / "cache", {}))
+        assert done.returncode == 0, done.stdout[-4000:]
+        assert "[host 0]" in done.stdout
+    multi, single = _final(runs[2]), _final(runs[1])
 
     # The hosts' rows of every global batch, put together, are the single process's batch.
     config = load_config("config/base.yaml", [f"{k}={v}" for k, v in RUN.items()], base=None)
     split = load_split(fetch_dataset(data, tmp_path / "cache"), "train")
     tc = config["train"]
-    single = TrainBatches(split, tc["global_batch_size"], tc["eval_interval"], tc["seed"])
+    whole = TrainBatches(split, tc["global_batch_size"], tc["eval_interval"], tc["seed"])
     hosts = [
         TrainBatches(split, tc["global_batch_size"], tc["eval_interval"], tc["seed"], i, 2) for i in (0, 1)
     ]
-    for step in range(_final(one_host)["steps"]):
-        whole = single.batch(step).as_dict()
+    for step in range(single["steps"]):
         parts = [h.batch(step).as_dict() for h in hosts]
-        for key, value in whole.items():
+        for key, value in whole.batch(step).as_dict().items():
             np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), value)
 
-    multi, single_final = _final(two_by_two), _final(one_host)
-    assert (multi["processes"], multi["devices"]) == (2, 4)
-    assert (single_final["processes"], single_final["devices"]) == (1, 4)
-    assert len(set(multi["hosts_params_sha256"])) == 1  # both hosts hold identical parameters
-    assert len(set(multi["hosts_ema_sha256"])) == 1
+    assert (multi["processes"], multi["devices"]) == (2, 2)
+    assert (single["processes"], single["devices"]) == (1, 2)
+    assert multi["steps"] == single["steps"] == 24
+    assert set(multi["hosts_params_sha256"]) == {single["params_sha256"]}
+    assert set(multi["hosts_ema_sha256"]) == {single["ema_sha256"]}
+    assert multi["test"] == single["test"]
+    records = [(runs[n] / "metrics.jsonl").read_text().splitlines() for n in (2, 1)]
+    strip = [[{k: v for k, v in json.loads(r).items() if not _timing(k)} for r in rs] for rs in records]
+    assert strip[0] == strip[1]
+
+
+def _timing(key: str) -> bool:
+    """Record fields that measure time or throughput, which differ between any two runs."""
+    return any(word in key for word in ("time", "per_s", "seconds", "wall", "elapsed"))
+
+
+def test_two_hosts_with_two_devices_each_hold_identical_state(two_by_two):
+    final = _final(two_by_two)
+    assert (final["processes"], final["devices"], final["steps"]) == (2, 4, 24)
+    assert len(set(final["hosts_params_sha256"])) == 1  # both hosts hold identical parameters
+    assert len(set(final["hosts_ema_sha256"])) == 1
     assert sorted(p.name for p in (two_by_two / "logs").iterdir()) == ["host-0.log", "host-1.log"]
     assert "host 1 of 2" in (two_by_two / "logs" / "host-1.log").read_text()
-
-    a = _restore_state(two_by_two, data, tmp_path / "cache")
-    b = _restore_state(one_host, data, tmp_path / "cache")
-    for x, y in zip(jax.tree.leaves((a.params, a.ema)), jax.tree.leaves((b.params, b.ema)), strict=True):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
-    for x, y in zip(jax.tree.leaves(multi["test"]), jax.tree.leaves(single_final["test"]), strict=True):
-        assert x == pytest.approx(y, rel=1e-4, abs=1e-6)
 
 
 def test_hosts_with_different_configs_fail_naming_the_host(data, tmp_path):
