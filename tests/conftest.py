@@ -64,7 +64,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail a session that skipped a test: every test must run on every machine (CI runs this suite)."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is None or session.config.getoption("--allow-skips") or hasattr(session.config, "workerinput"):
+    if (
+        reporter is None
+        or session.config.getoption("--allow-skips")
+        or hasattr(session.config, "workerinput")
+    ):
         return  # under pytest-xdist the controller, which sees every worker's reports, decides
     skipped = reporter.stats.get("skipped", [])
     if skipped and exitstatus == 0:
