@@ -61,17 +61,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def _skipped(config: pytest.Config) -> list:
+    """Skipped tests that fail the session (none under --allow-skips; a pytest-xdist worker leaves the decision
+    to the controller, which sees every worker's reports)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or config.getoption("--allow-skips") or hasattr(config, "workerinput"):
+        return []
+    return reporter.stats.get("skipped", [])
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail a session that skipped a test: every test must run on every machine (CI runs this suite)."""
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if (
-        reporter is None
-        or session.config.getoption("--allow-skips")
-        or hasattr(session.config, "workerinput")
-    ):
-        return  # under pytest-xdist the controller, which sees every worker's reports, decides
-    skipped = reporter.stats.get("skipped", [])
-    if skipped and exitstatus == 0:
-        names = ", ".join(sorted({report.nodeid for report in skipped})[:5])
-        reporter.write_line(f"FAILED: {len(skipped)} test(s) skipped ({names}); nothing may skip", red=True)
+    if _skipped(session.config) and exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if skipped := _skipped(config):
+        names = ", ".join(sorted({report.nodeid for report in skipped})[:5])
+        terminalreporter.write_sep("=", f"{len(skipped)} skipped, which fails the session: {names}", red=True)
