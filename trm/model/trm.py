@@ -60,12 +60,17 @@ class TRM(nnx.Module):
         position carries it (for ndim = D); the other prefix positions are zero-input register tokens.
         """
         cfg, dtype = self.cfg, self.cfg.dtype
-        tokens = self.embed_tokens[...].astype(dtype)[inputs]
-        puzzle = self.puzzle_emb[...].astype(dtype)[puzzle_identifiers]
+        # Gather (and broadcast) the float32 tables, then cast: the backward pass then sums each table row's
+        # gradients over the batch and sequence in float32, as PyTorch's embedding backward does. Casting the
+        # table first would scatter-add them in the forward dtype (in bfloat16 a sum stops growing at 256
+        # equal terms). The forward values are the same either way.
+        tokens = self.embed_tokens[...][inputs].astype(dtype)
+        puzzle = self.puzzle_emb[...][puzzle_identifiers].astype(dtype)
         puzzle = jnp.pad(puzzle, ((0, 0), (0, cfg.prefix_len * cfg.hidden_size - cfg.puzzle_emb_dim)))
         x = jnp.concatenate([puzzle.reshape(-1, cfg.prefix_len, cfg.hidden_size), tokens], axis=1)
         if cfg.pos_encodings == "learned":
-            x = 0.707106781 * (x + self.embed_pos[...].astype(dtype))  # keeps the variance of the sum
+            positions = jnp.broadcast_to(self.embed_pos[...], x.shape).astype(dtype)
+            x = 0.707106781 * (x + positions)  # keeps the variance of the sum
         return x * math.sqrt(cfg.hidden_size)
 
     def net(self, h: jax.Array, injection: jax.Array) -> jax.Array:
