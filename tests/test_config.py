@@ -272,6 +272,13 @@ def test_wrong_type_names_key_expected_type_and_value(tmp_path, text, key, expec
             "arch:\n  no_ACT_continue: false\n",
             ["arch.no_ACT_continue: expected only true, got false (boolean)"],
         ),
+        (
+            "arch:\n  mlp_t: false\n",
+            [
+                "arch.mlp_t = false (from {file}) selects attention, but arch.pos_encodings = 'none' (from {base})",
+                "set arch.pos_encodings beside arch.mlp_t",
+            ],
+        ),
     ],
 )
 def test_impossible_values_are_rejected_naming_file_and_key(tmp_path, text, fragments):
@@ -281,6 +288,21 @@ def test_impossible_values_are_rejected_naming_file_and_key(tmp_path, text, frag
     for fragment in fragments:
         assert fragment.format(file=path, base=BASE_CONFIG) in str(err.value)
     assert str(path) in str(err.value)
+
+
+def test_attention_takes_the_position_encoding_its_own_layer_sets(tmp_path):
+    """Turning MLP-T off needs the encoding said beside it; `none` stays possible on purpose."""
+    assert (
+        load_config(write(tmp_path, "arch:\n  mlp_t: false\n  pos_encodings: rope\n"))["arch"][
+            "pos_encodings"
+        ]
+        == "rope"
+    )
+    none = load_config(overrides=["arch.mlp_t=false", "arch.pos_encodings=none"])
+    assert none["arch"]["pos_encodings"] == "none"
+    # A resolved config has no base to inherit from: it is taken as written.
+    resolved = write(tmp_path, json.dumps(none), "config.json")
+    assert load_config(resolved, base=None) == none
 
 
 def test_curriculum_bounds_are_not_checked_while_disabled():

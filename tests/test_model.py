@@ -212,7 +212,9 @@ def test_init_distributions_and_state_kinds():
     assert np.abs(w).max() <= 2 / 16 / 0.87962566 + 1e-6
     emb = np.asarray(model.embed_tokens[...])
     assert np.abs(emb).max() <= 2 / 16 / 0.87962566 + 1e-6
-    assert model.H_init[...].dtype == jnp.bfloat16 and model.L_init[...].dtype == jnp.bfloat16
+    for start in (model.H_init[...], model.L_init[...]):  # float32 holding bfloat16 values, as the original's
+        assert start.dtype == jnp.float32
+        np.testing.assert_array_equal(start, start.astype(jnp.bfloat16).astype(jnp.float32))
     assert not np.array_equal(np.asarray(model.H_init[...]), np.asarray(model.L_init[...]))
     assert isinstance(model.H_init, Buffer) and isinstance(model.puzzle_emb, PuzzleEmbedding)
     assert np.all(np.asarray(model.puzzle_emb[...]) == 0)

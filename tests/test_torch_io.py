@@ -77,8 +77,8 @@ def test_hand_built_state_dict_maps_to_our_layout():
         layer["mlp"]["down_proj"]["weight"], sd[p + "L_level.layers.1.mlp.down_proj.weight"].T
     )
     np.testing.assert_array_equal(puzzle_emb, sd[p + "puzzle_emb.weights"])
-    assert buffers["H_init"].dtype == ml_dtypes.bfloat16
-    np.testing.assert_array_equal(buffers["L_init"], sd[p + "L_init"])
+    assert buffers["H_init"].dtype == np.float32  # holds the file's bfloat16 values exactly
+    np.testing.assert_array_equal(buffers["L_init"], sd[p + "L_init"].astype(np.float32))
     # The gate is the first half of the fused projection in both: our columns 0..511 = their rows 0..511.
     np.testing.assert_array_equal(
         layer["mlp_t"]["gate_up_proj"]["weight"][:, :512].T,
@@ -115,7 +115,9 @@ def test_refuses_state_dicts_that_do_not_fit(change, message):
 def test_attention_file_with_an_mlp_t_config_is_refused_naming_the_key():
     attention = _config(**{"arch.mlp_t": "false", "arch.pos_encodings": "rope"})
     model = Model(_model_cfg(attention), seed=0)
-    sd = params_to_state_dict(model.init_params, model.init_puzzle_emb, model.init_buffers)
+    sd = params_to_state_dict(
+        model.init_params, model.init_puzzle_emb, model.init_buffers, forward_dtype=model.cfg.dtype
+    )
     with pytest.raises(UserError, match="missing key 'inner.L_level.layers.0.mlp_t.down_proj.weight'"):
         state_dict_to_params(sd, _model_cfg(_config()), source="attn.pt")
 
@@ -124,8 +126,8 @@ def _logits(model: Model, params, puzzle_emb, buffers) -> np.ndarray:
     module = model.bind(params, puzzle_emb, buffers)
     inputs = jnp.asarray(np.random.default_rng(2).integers(1, 11, (2, 81)), jnp.int32)
     carry = initial_carry(module, 2)
-    z = jnp.broadcast_to(module.H_init[...].astype(module.cfg.dtype), carry.z_H.shape)
-    _, _, logits, q = module(z, z, inputs, jnp.zeros(2, jnp.int32))
+    z_H, z_L = (jnp.broadcast_to(v[...].astype(module.cfg.dtype), carry.z_H.shape) for v in (module.H_init, module.L_init))  # fmt: skip
+    _, _, logits, q = module(z_H, z_L, inputs, jnp.zeros(2, jnp.int32))
     return np.asarray(jnp.concatenate([logits.reshape(2, -1), q], axis=1))
 
 
@@ -135,7 +137,9 @@ def test_round_trip_in_memory_gives_identical_params_and_logits(arch):
     model = Model(_model_cfg(config), seed=3)
     # A trained-looking puzzle embedding, so that it is not all zeros.
     puzzle_emb = np.random.default_rng(4).standard_normal(model.init_puzzle_emb.shape).astype(np.float32)
-    sd = params_to_state_dict(model.init_params, puzzle_emb, model.init_buffers)
+    sd = params_to_state_dict(
+        model.init_params, puzzle_emb, model.init_buffers, forward_dtype=model.cfg.dtype
+    )
     params, emb, buffers = state_dict_to_params(sd, model.cfg, source="memory")
     for a, b in zip(jax.tree.leaves((params, emb, buffers)), jax.tree.leaves((model.init_params, puzzle_emb, model.init_buffers)), strict=True):  # fmt: skip
         assert a.dtype == b.dtype
@@ -160,7 +164,7 @@ def test_export_then_import_through_the_cli(tmp_path):
         == 0
     )
     saved = torch.load(tmp_path / "model.pt", weights_only=True)
-    assert saved["_orig_mod.model.inner.H_init"].dtype == torch.bfloat16
+    assert saved["_orig_mod.model.inner.H_init"].dtype == torch.float32  # the run's forward dtype
     assert saved["_orig_mod.model.inner.q_head.weight"].shape == (2, 32)  # [out, in]
     assert saved["_orig_mod.model.inner.L_level.layers.0.mlp_t.down_proj.weight"].shape == (97, 512)
 
@@ -178,6 +182,45 @@ def test_export_then_import_through_the_cli(tmp_path):
     )
     provenance = json.loads((tmp_path / "imported" / "provenance.json").read_text())
     assert provenance["source"] == str(tmp_path / "model.pt") and len(provenance["sha256"]) == 64
+
+
+def _float32_start_states(rng: np.random.Generator, hidden: int) -> dict[str, np.ndarray]:
+    """H_init/L_init as an original float32 run holds them: values that bfloat16 cannot represent."""
+    start = {name: rng.standard_normal(hidden).astype(np.float32) for name in ("H_init", "L_init")}
+    for values in start.values():
+        assert not np.array_equal(values, values.astype(ml_dtypes.bfloat16).astype(np.float32))
+    return start
+
+
+def test_float32_start_states_of_an_original_float32_run_keep_their_values(tmp_path):
+    """The original keeps H_init/L_init in its forward dtype; import must not round a float32 run's to bfloat16."""
+    torch = pytest.importorskip("torch", reason="PyTorch (the 'torch' extra) is not installed")
+    config = _config()  # forward_dtype float32
+    model = Model(_model_cfg(config), seed=9)
+    start = _float32_start_states(np.random.default_rng(9), model.cfg.hidden_size)
+    sd = params_to_state_dict(model.init_params, model.init_puzzle_emb, start, forward_dtype=np.float32)
+    torch.save({k: torch.from_numpy(np.array(v)) for k, v in sd.items()}, tmp_path / "orig.pt")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "imported"
+    assert trm(["import-torch", str(tmp_path / "orig.pt"), "--config", str(tmp_path / "config.json"), "--out", str(out)]) == 0  # fmt: skip
+
+    imported = load_weights(str(out))
+    for name, values in start.items():
+        assert imported.buffers[name].dtype == np.float32
+        np.testing.assert_array_equal(imported.buffers[name], values)
+    # The first supervision step starts from them: the logits are those of the file's values, which
+    # rounding the start states to bfloat16 would change.
+    want = _logits(model, model.init_params, model.init_puzzle_emb, start)
+    np.testing.assert_array_equal(
+        _logits(model, imported.params, imported.puzzle_emb, imported.buffers), want
+    )
+    rounded = {k: v.astype(ml_dtypes.bfloat16).astype(np.float32) for k, v in start.items()}
+    assert not np.array_equal(_logits(model, model.init_params, model.init_puzzle_emb, rounded), want)
+    # Exported again, they are written in the run's forward dtype with the same values.
+    assert trm(["export-torch", "--checkpoint", str(out), "--out", str(tmp_path / "again.pt")]) == 0
+    again = torch.load(tmp_path / "again.pt", weights_only=True)
+    for name, values in start.items():
+        np.testing.assert_array_equal(again[f"_orig_mod.model.inner.{name}"].numpy(), values)
 
 
 def test_import_refusals_exit_2_and_write_nothing(tmp_path, capsys):
@@ -216,7 +259,8 @@ def test_trm_train_fine_tunes_an_imported_run_dir(tmp_path):
         **{"arch.L_layers": 1, "train.epochs": 1, "train.eval_interval": 1, "train.eval_subset": 4}
     )
     model = Model(_model_cfg(config), seed=8)
-    sd = params_to_state_dict(model.init_params, model.init_puzzle_emb, model.init_buffers)
+    start = _float32_start_states(np.random.default_rng(8), model.cfg.hidden_size)
+    sd = params_to_state_dict(model.init_params, model.init_puzzle_emb, start, forward_dtype=np.float32)
     torch.save({k: torch.from_numpy(np.array(v, np.float32)) for k, v in sd.items()}, tmp_path / "orig.pt")
     (tmp_path / "config.json").write_text(json.dumps(config))
     run = tmp_path / "run"
@@ -232,3 +276,6 @@ def test_trm_train_fine_tunes_an_imported_run_dir(tmp_path):
     imported, tuned = model.init_params["lm_head"]["weight"], trained.params["lm_head"]["weight"]
     assert not np.array_equal(imported, tuned)
     np.testing.assert_allclose(tuned, imported, atol=1e-3)
+    # The frozen start states come through the import, the resume and the final checkpoint unchanged.
+    for name, values in start.items():
+        np.testing.assert_array_equal(trained.buffers[name], values)

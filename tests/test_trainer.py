@@ -131,6 +131,10 @@ def test_kill_and_preemption_resume_exactly(easy_data, tmp_path):
     assert [(e["step"], e["subset"]) for e in evals] == [(60, 8), (120, None)]
     assert evals[-1]["count"] == 12  # the whole test split (20% of 60 puzzles)
     assert _final(reference)["compilations"] == 1  # no recompilation after the first step
+    # final.json keeps the final evaluation and the best one (the final on a tie), with where it was taken.
+    assert _final(reference)["test"] == {k: v for k, v in evals[-1].items() if k not in ("kind", "split", "subset", "step", "epoch")}  # fmt: skip
+    best = max(reversed(evals), key=lambda e: e["exact_accuracy"])
+    assert _final(reference)["best_test"] == {k: v for k, v in best.items() if k not in ("kind", "split")}
 
     # Kill -9 at some moment after the first checkpoint, then SIGTERM (preemption) the resumed run.
     run = tmp_path / "interrupted"
@@ -169,6 +173,7 @@ def test_kill_and_preemption_resume_exactly(easy_data, tmp_path):
     assert _final(run)["params_sha256"] == _final(reference)["params_sha256"]
     assert _final(run)["ema_sha256"] == _final(reference)["ema_sha256"]
     assert _final(run)["test"] == _final(reference)["test"]
+    assert _final(run)["best_test"] == _final(reference)["best_test"]  # earlier evaluations read back
     status = read_run(str(run))
     assert status.state == "finished"
     assert status.status["attempt"] == 3 and status.status["step"] == 120

@@ -28,6 +28,8 @@ from trm.errors import UserError
 METRIC_COLUMNS = (
     "test_exact_accuracy",
     "best_test_exact_accuracy",
+    "best_test_epoch",
+    "best_test_puzzles",
     "test_cell_accuracy",
     "test_exact_accuracy_raw",
     "train_exact_accuracy",

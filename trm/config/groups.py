@@ -38,7 +38,10 @@ METRICS = {
     "mean_halt_steps": "mean supervision steps a training example used before halting (last eval interval)",
     "halt_steps_variance": "variance of the supervision steps before halting",
     "test_exact_accuracy": "fraction of test puzzles solved exactly at the end (EMA weights when EMA is on)",
-    "best_test_exact_accuracy": "highest test exact accuracy of any evaluation during the run",
+    "best_test_exact_accuracy": (
+        "highest test exact accuracy of the run's evaluations (the intermediate ones on train.eval_subset "
+        "puzzles, the last on the full test split)"
+    ),
     "test_cell_accuracy": "fraction of test cells right at the end",
     "test_exact_accuracy_raw": "test exact accuracy of the raw (non-EMA) weights",
     "train_exact_accuracy": "fraction of training puzzles solved exactly (last eval interval)",

@@ -212,8 +212,12 @@ def _get(config: dict, dotted: str) -> Any:
     return config
 
 
-def _impossible_values(config: dict, origin: dict[str, str]) -> list[str]:
-    """Cross-field checks the schema cannot express; each message names the keys and where they were set."""
+def _impossible_values(config: dict, origin: dict[str, str], base: str | None = None) -> list[str]:
+    """Cross-field checks the schema cannot express; each message names the keys and where they were set.
+
+    `base` is the source name of the base layer when the config was merged from layers (None for a resolved
+    config): a key inherited from it may belong to a setting a later layer changed.
+    """
 
     def ref(key: str) -> str:
         return f"{key} = {_text(_get(config, key))} (from {origin.get(key, '?')})"
@@ -229,6 +233,20 @@ def _impossible_values(config: dict, origin: dict[str, str]) -> list[str]:
             errors.append(
                 f"rotary encoding needs an even head_dim: {ref('arch.hidden_size')} / {ref('arch.num_heads')} is odd"
             )
+    # The base's `none` goes with its MLP-T recipe: a later layer that turns MLP-T off must say which encoding
+    # its attention uses (without positions, attention cannot tell the cells apart).
+    if (
+        base is not None
+        and not value("arch.mlp_t")
+        and value("arch.pos_encodings") == "none"
+        and origin.get("arch.mlp_t") != base
+        and origin.get("arch.pos_encodings") == base
+    ):
+        errors.append(
+            f"{ref('arch.mlp_t')} selects attention, but {ref('arch.pos_encodings')} belongs to the base's MLP-T "
+            "recipe: set arch.pos_encodings beside arch.mlp_t (rope, as the original's attention TRM; none or "
+            "learned only on purpose)"
+        )
     emb_ndim = value("arch.puzzle_emb_ndim") or value("arch.hidden_size")
     # puzzle_emb_len 0 means just enough positions, which always fits.
     if 0 < value("arch.puzzle_emb_len") * value("arch.hidden_size") < emb_ndim:
@@ -301,12 +319,17 @@ def parse_set(item: str) -> dict:
 # ----------------------------------------------------------------------------------------------------- public
 
 
-def validate_config(config: dict, source: str = "config", origin: dict[str, str] | None = None) -> dict:
-    """Check that `config` is a complete, possible config; return it with numbers normalised to floats."""
+def validate_config(
+    config: dict, source: str = "config", origin: dict[str, str] | None = None, base: str | None = None
+) -> dict:
+    """Check that `config` is a complete, possible config; return it with numbers normalised to floats.
+
+    `origin` maps each dotted key to the source that set it; `base` names the base layer among them.
+    """
     full = _schema()
     _check_document(config, source, full)
     config = _floats_where_numbers(config, full)
-    _raise_if(_impossible_values(config, origin or dict.fromkeys(_leaves(config), source)))
+    _raise_if(_impossible_values(config, origin or dict.fromkeys(_leaves(config), source), base))
     return config
 
 
@@ -343,7 +366,7 @@ def load_config(
     for source, doc in layers:
         _check_document(doc, source, partial)
         _merge(config, doc, source, origin)
-    return validate_config(config, str(foundation), origin)
+    return validate_config(config, str(foundation), origin, base=None if base is None else str(foundation))
 
 
 def dump_config(config: dict) -> str:

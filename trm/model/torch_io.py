@@ -9,11 +9,14 @@ inner.embed_pos.embedding_weight        [S, D]      params["embed_pos"] (learned
 inner.lm_head.weight, inner.q_head.*               params["lm_head"], ["q_head"]        Linear: [out, in]
 inner.L_level.layers.{i}.<module>.<proj>.weight     params["layers"][i][module][proj]    Linear: [out, in]
 inner.puzzle_emb.weights                [N, ndim]   puzzle_emb                           same, float32
-inner.H_init, inner.L_init              [D]         buffers["H_init"], ["L_init"]        same, bfloat16
+inner.H_init, inner.L_init              [D]         buffers["H_init"], ["L_init"]        same, float32 (*)
 
 PyTorch stores Linear weights [out_features, in_features]; ours are [in, out], so they are transposed.
 Files written by the original trainer prefix every key with `_orig_mod.` (torch.compile) and `model.`
 (the loss head); both are stripped on import and written back on export.
+
+(*) The original keeps H_init/L_init in its forward dtype (bfloat16 in every recipe, float32 in a float32 run).
+Import keeps the file's values (float32 holds bfloat16 exactly); export writes the run's forward dtype.
 """
 
 from __future__ import annotations
@@ -95,7 +98,7 @@ def expected_state_dict(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], np
         expected[_torch_key(name)] = (shape[::-1] if _is_linear_weight(name, shape) else shape, np.float32)
     expected["inner.puzzle_emb.weights"] = ((cfg.num_puzzle_identifiers, cfg.puzzle_emb_dim), np.float32)
     for name, leaf in buffers.items():
-        expected[f"inner.{name}"] = (tuple(leaf.shape), ml_dtypes.bfloat16)
+        expected[f"inner.{name}"] = (tuple(leaf.shape), np.dtype(cfg.dtype))  # the original's forward dtype
     return expected
 
 
@@ -126,8 +129,8 @@ def state_dict_to_params(
     """An original state_dict (NumPy arrays, prefixes stripped or not) -> (params, puzzle_emb, buffers).
 
     Every key and shape is checked against the architecture `cfg`; a UserError names the first missing,
-    unexpected or wrongly shaped key (and `source`, the file). Values are converted to our dtypes:
-    float32 parameters and puzzle embedding, bfloat16 H_init/L_init.
+    unexpected or wrongly shaped key (and `source`, the file). Every value becomes float32, which holds
+    bfloat16 and float32 exactly: H_init/L_init keep the file's values whatever its forward dtype was.
     """
     tensors = strip_prefixes(state_dict)
     expected = expected_state_dict(cfg)
@@ -158,21 +161,29 @@ def state_dict_to_params(
         flat[name] = value.T.copy() if _is_linear_weight(name, tuple(leaf.shape)) else value
     params = _unflatten(flat, params_like)
     puzzle_emb = np.asarray(tensors["inner.puzzle_emb.weights"], dtype=np.float32)
-    buffers = {name: np.asarray(tensors[f"inner.{name}"]).astype(ml_dtypes.bfloat16) for name in buffers_like}
+    buffers = {name: np.asarray(tensors[f"inner.{name}"], dtype=np.float32) for name in buffers_like}
     return params, puzzle_emb, buffers
 
 
 def params_to_state_dict(
-    params: dict, puzzle_emb: Any, buffers: dict, prefix: str = DEFAULT_EXPORT_PREFIX
+    params: dict,
+    puzzle_emb: Any,
+    buffers: dict,
+    *,
+    forward_dtype: Any,
+    prefix: str = DEFAULT_EXPORT_PREFIX,
 ) -> dict[str, np.ndarray]:
-    """(params, puzzle_emb, buffers) -> the original's state_dict as NumPy arrays, keys with `prefix`."""
+    """(params, puzzle_emb, buffers) -> the original's state_dict as NumPy arrays, keys with `prefix`.
+
+    H_init/L_init are written in `forward_dtype` (the run's ModelConfig.dtype), as the original holds them.
+    """
     state = {}
     for name, leaf in _flatten(jax.device_get(params)).items():
         value = np.asarray(leaf, dtype=np.float32)
         state[_torch_key(name)] = value.T.copy() if _is_linear_weight(name, value.shape) else value
     state["inner.puzzle_emb.weights"] = np.asarray(puzzle_emb, dtype=np.float32)
     for name, leaf in jax.device_get(buffers).items():
-        state[f"inner.{name}"] = np.asarray(leaf).astype(ml_dtypes.bfloat16)
+        state[f"inner.{name}"] = np.asarray(leaf).astype(np.dtype(forward_dtype))
     return {prefix + key: value for key, value in state.items()}
 
 

@@ -5,7 +5,8 @@ State is split three ways (see `split_state`):
   parameters);
 - `PuzzleEmbedding`: the [num_puzzle_identifiers, puzzle_emb_ndim] table, trained by its own sign-SGD,
   excluded from Adam and the EMA;
-- `Buffer`: H_init and L_init, frozen bfloat16 start states, saved but never trained.
+- `Buffer`: H_init and L_init, frozen start states, saved but never trained. They are stored as float32, so
+  that an imported start state keeps its values; freshly drawn ones are rounded to bfloat16 (see TRM).
 """
 
 from __future__ import annotations
@@ -50,8 +51,10 @@ class TRM(nnx.Module):
         self.q_head = Linear(width, 2, rngs=rngs, bias=True)
         self.q_head.weight[...] = jnp.zeros_like(self.q_head.weight[...])
         self.q_head.bias[...] = jnp.full((2,), -5.0, jnp.float32)
-        self.H_init = Buffer(trunc_normal(rngs.params(), (width,), 1.0).astype(jnp.bfloat16))
-        self.L_init = Buffer(trunc_normal(rngs.params(), (width,), 1.0).astype(jnp.bfloat16))
+        # Rounded to bfloat16 as the original stores them at its default forward dtype, so a float32 run
+        # starts from the same vectors as a bfloat16 one; held in float32 for imported float32 values.
+        self.H_init = Buffer(_bfloat16_values(trunc_normal(rngs.params(), (width,), 1.0)))
+        self.L_init = Buffer(_bfloat16_values(trunc_normal(rngs.params(), (width,), 1.0)))
 
     def input_embeddings(self, inputs: jax.Array, puzzle_identifiers: jax.Array) -> jax.Array:
         """[B, seq_len] tokens and [B] puzzle ids -> x [B, prefix + seq_len, D] in the forward dtype.
@@ -60,12 +63,17 @@ class TRM(nnx.Module):
         position carries it (for ndim = D); the other prefix positions are zero-input register tokens.
         """
         cfg, dtype = self.cfg, self.cfg.dtype
-        tokens = self.embed_tokens[...].astype(dtype)[inputs]
-        puzzle = self.puzzle_emb[...].astype(dtype)[puzzle_identifiers]
+        # Gather (and broadcast) the float32 tables, then cast: the backward pass then sums each table row's
+        # gradients over the batch and sequence in float32, as PyTorch's embedding backward does. Casting the
+        # table first would scatter-add them in the forward dtype (in bfloat16 a sum stops growing at 256
+        # equal terms). The forward values are the same either way.
+        tokens = self.embed_tokens[...][inputs].astype(dtype)
+        puzzle = self.puzzle_emb[...][puzzle_identifiers].astype(dtype)
         puzzle = jnp.pad(puzzle, ((0, 0), (0, cfg.prefix_len * cfg.hidden_size - cfg.puzzle_emb_dim)))
         x = jnp.concatenate([puzzle.reshape(-1, cfg.prefix_len, cfg.hidden_size), tokens], axis=1)
         if cfg.pos_encodings == "learned":
-            x = 0.707106781 * (x + self.embed_pos[...].astype(dtype))  # keeps the variance of the sum
+            positions = jnp.broadcast_to(self.embed_pos[...], x.shape).astype(dtype)
+            x = 0.707106781 * (x + positions)  # keeps the variance of the sum
         return x * math.sqrt(cfg.hidden_size)
 
     def net(self, h: jax.Array, injection: jax.Array) -> jax.Array:
@@ -125,6 +133,10 @@ class TRM(nnx.Module):
         # Q head in float32 (the original computes it in the forward dtype and upcasts).
         q_logits = self.q_head(z_H[:, 0].astype(jnp.float32))
         return z_H, z_L, logits, q_logits
+
+
+def _bfloat16_values(x: jax.Array) -> jax.Array:
+    return x.astype(jnp.bfloat16).astype(jnp.float32)
 
 
 def split_state(model: TRM) -> tuple[nnx.GraphDef, nnx.State, nnx.State, nnx.State]:

@@ -3,9 +3,10 @@
     trm export-torch --checkpoint RUN_DIR --out model.pt
 
 Writes the latest checkpoint's model (EMA weights when the run kept an EMA, as the original saves) with the
-original's key names and layouts (spec trm.md Appendix A): Linear weights [out, in], H_init/L_init bfloat16,
-puzzle_emb.weights float32. Keys get --prefix, by default `_orig_mod.model.`, which is what the original
-trainer writes and its `load_checkpoint` reads with torch.compile on (use `model.` with DISABLE_COMPILE).
+original's key names and layouts (spec trm.md Appendix A): Linear weights [out, in], H_init/L_init in the run's
+forward dtype (as the original holds them; bfloat16 in its recipes), puzzle_emb.weights float32. Keys get
+--prefix, by default `_orig_mod.model.`, which is what the original trainer writes and its `load_checkpoint`
+reads with torch.compile on (use `model.` with DISABLE_COMPILE).
 Needs PyTorch (pip install 'trm-study[torch]').
 """
 
@@ -37,7 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     weights = load_weights(args.checkpoint, seq_len=args.seq_len)
-    state_dict = params_to_state_dict(weights.params, weights.puzzle_emb, weights.buffers, prefix=args.prefix)
+    state_dict = params_to_state_dict(
+        weights.params,
+        weights.puzzle_emb,
+        weights.buffers,
+        forward_dtype=weights.model_cfg.dtype,
+        prefix=args.prefix,
+    )
     write_torch_file(state_dict, args.out)
     print(
         f"exported step {weights.step} ({weights.source} weights) of {args.checkpoint} to {args.out}",

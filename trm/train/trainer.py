@@ -4,7 +4,7 @@
 
 The run dir (a local path, file:// or gs:// URL) receives config.json (the resolved config), metrics.jsonl
 (train and eval records, one JSON object per line), ckpt/ (orbax checkpoints of the whole training state),
-final.json (final evaluation on the full test split, parameter digests), status.json (state, progress and a
+final.json (final evaluation on the full test split, the best evaluation of the run, parameter digests), status.json (state, progress and a
 heartbeat, read by `trm status` and the TPU launcher; see trm/train/runstate.py) and _SUCCESS (written last).
 
 Running the same command again after a kill or preemption continues from the latest checkpoint and ends with
@@ -36,6 +36,7 @@ import jax
 import numpy as np
 
 from trm import storage
+from trm.analysis.run_metrics import best_evaluation
 from trm.config import BASE_CONFIG, config_hash, dump_config, load_config
 from trm.data.format import load_split
 from trm.data.verify import fetch_dataset
@@ -362,6 +363,7 @@ class Trainer:
             "steps": self.total_steps,
             "epochs": self.batches.epoch_at(self.total_steps),
             "test": final,
+            "best_test": best_evaluation(metrics_log.records),  # the record kept across resumes (writer)
             "params_sha256": host_params[0],
             "ema_sha256": host_ema[0] if host_ema else None,
             "hosts_params_sha256": host_params,

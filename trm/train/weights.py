@@ -131,7 +131,8 @@ def load_weights(run_dir: str, seq_len: int | None = None) -> RunWeights:
         model_cfg=model_cfg,
         params=_like(params_like, restored[wanted[0]]),
         puzzle_emb=np.asarray(restored["puzzle_emb"]),
-        buffers=_like(buffers_like, restored["buffers"]),
+        # float32 like a fresh model's; checkpoints written before it held float32 hold bfloat16 (exact).
+        buffers=jax.tree.map(lambda x: x.astype(np.float32), _like(buffers_like, restored["buffers"])),
         step=int(step),
         source=wanted[0],
     )
@@ -183,7 +184,7 @@ def write_run_dir(
     state = state._replace(
         params=dense,
         puzzle_emb=jnp.asarray(puzzle_emb, jnp.float32),
-        buffers=jax.tree.map(jnp.asarray, buffers),
+        buffers=jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), buffers),
         ema=jax.tree.map(lambda x: jnp.array(x, copy=True), dense) if state.ema is not None else None,
     )
     checkpoints = Checkpointer(storage.join(run_dir, "ckpt"), keep=1, every_steps=1)

@@ -1,0 +1,67 @@
+"""Precision: sums over the batch and the sequence run in float32 under a bfloat16 forward; start states keep
+their values."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from trm.model.config import ModelConfig
+from trm.model.trm import TRM, split_state
+from trm.train.checkpoint import Checkpointer
+
+
+def test_embedding_gradients_are_summed_in_float32_under_a_bfloat16_forward():
+    # Learned positions too, so that all three tables are checked; 620 x 81 = 50,220 lookups of one token.
+    cfg = ModelConfig(
+        vocab_size=11,
+        seq_len=81,
+        num_puzzle_identifiers=2,
+        hidden_size=16,
+        num_heads=2,
+        puzzle_emb_len=1,
+        mlp_t=False,
+        pos_encodings="learned",
+        forward_dtype="bfloat16",
+    )
+    rows, token, puzzle_id = 620, 3, 1
+    graphdef, params, puzzle_emb, buffers = split_state(TRM(cfg, rngs=nnx.Rngs(0)))
+    inputs = jnp.full((rows, cfg.seq_len), token, jnp.int32)
+    ids = jnp.full((rows,), puzzle_id, jnp.int32)
+    # Positive cotangents: the exact sum is well conditioned, so only the accumulation dtype can spoil it.
+    weights = np.random.default_rng(0).uniform(0.5, 1.5, (rows, cfg.total_len, cfg.hidden_size))
+
+    def loss(params, puzzle_emb):
+        x = nnx.merge(graphdef, params, puzzle_emb, buffers).input_embeddings(inputs, ids)
+        return jnp.sum(x.astype(jnp.float32) * jnp.asarray(weights, jnp.float32))
+
+    grads, emb_grads = jax.grad(loss, argnums=(0, 1))(params, puzzle_emb)
+    scale = 0.707106781 * math.sqrt(cfg.hidden_size)  # learned positions: 0.7071 * (emb + pos) * sqrt(D)
+    tokens = np.asarray(grads["embed_tokens"][...])
+    np.testing.assert_allclose(tokens[token], weights[:, 1:].sum((0, 1)) * scale, rtol=1e-2)
+    assert np.all(np.delete(tokens, token, axis=0) == 0)
+    table = np.asarray(emb_grads["puzzle_emb"][...])
+    np.testing.assert_allclose(table[puzzle_id], weights[:, 0].sum(0) * scale, rtol=1e-2)
+    assert np.all(table[1 - puzzle_id] == 0)
+    np.testing.assert_allclose(np.asarray(grads["embed_pos"][...]), weights.sum(0) * scale, rtol=1e-2)
+
+
+def test_start_states_saved_in_bfloat16_by_earlier_versions_restore_exactly(tmp_path):
+    """Checkpoints written before H_init/L_init became float32 hold them in bfloat16; a resume restores them into
+    the float32 template, value for value."""
+    values = np.random.default_rng(1).standard_normal(16).astype(np.float32)
+    old = {"buffers": {"H_init": jnp.asarray(values, jnp.bfloat16)}, "step": jnp.zeros([], jnp.int32)}
+    checkpoints = Checkpointer(str(tmp_path / "ckpt"), keep=1, every_steps=1)
+    checkpoints.save(1, old, {})
+    checkpoints.wait()
+    like = {"buffers": {"H_init": jnp.zeros(16, jnp.float32)}, "step": jnp.zeros([], jnp.int32)}
+    restored, _ = checkpoints.restore(1, like)
+    checkpoints.close()
+    assert restored["buffers"]["H_init"].dtype == jnp.float32
+    np.testing.assert_array_equal(
+        restored["buffers"]["H_init"], np.asarray(old["buffers"]["H_init"], np.float32)
+    )
