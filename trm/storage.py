@@ -6,6 +6,9 @@ On a TPU pod there is no shared filesystem: anything every host must see lives o
 Emulator: when STORAGE_EMULATOR_HOST is set (read at each call), `gs://` goes to that endpoint with anonymous
 credentials; otherwise gcsfs uses the machine's default credentials. Set GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false
 before gcsfs is first imported when using an emulator (see platform.md §4.4).
+
+GCS requests have timeouts and a short, bounded retry (trm/gcs.py); GCS unreachable or refusing our credentials
+is a `StorageUnavailable` error: one line naming the URL and what to do, never a long retry or a traceback.
 """
 
 from __future__ import annotations
@@ -23,9 +26,7 @@ GCS_SCHEMES = ("gs", "gcs")
 
 
 def _gcs_filesystem() -> AbstractFileSystem:
-    # The plain GCSFileSystem, not the "extended" class gcsfs may register for "gs": that one probes each
-    # bucket's layout over gRPC, which emulators cannot answer (60 s timeout per call). Our buckets are standard.
-    from gcsfs.core import GCSFileSystem
+    from trm.gcs import BoundedGCSFileSystem
 
     emulator = os.environ.get("STORAGE_EMULATOR_HOST", "")
     # Listings are not cached: other hosts and processes change the bucket under us, and a stale listing would
@@ -34,8 +35,8 @@ def _gcs_filesystem() -> AbstractFileSystem:
     if emulator:
         if "://" not in emulator:
             emulator = f"http://{emulator}"
-        return GCSFileSystem(token="anon", endpoint_url=emulator, use_listings_cache=False)
-    return GCSFileSystem(use_listings_cache=False)
+        return BoundedGCSFileSystem(token="anon", endpoint_url=emulator, use_listings_cache=False)
+    return BoundedGCSFileSystem(use_listings_cache=False)
 
 
 def filesystem(url: str) -> tuple[AbstractFileSystem, str]:
