@@ -1,5 +1,5 @@
-"""trm.storage on a local folder and on a real GCS emulator (fake-gcs-server), and gs:// commands failing fast
-with one clear line when GCS cannot be reached or refuses us (loopback servers only)."""
+"""trm.storage on a local folder and on a real GCS emulator (fake-gcs-server), its URL checks, and gs:// commands
+failing fast with one clear line when GCS cannot be reached or refuses us (loopback servers only)."""
 
 from __future__ import annotations
 
@@ -27,10 +27,38 @@ def test_filesystem_resolves_each_kind_of_url(tmp_path: Path, monkeypatch: pytes
     assert "gs" in fs.protocol and path == "bucket/some/prefix"
 
 
-@pytest.mark.parametrize("url", ["s3://bucket/x", "gs:///no-bucket"])
+@pytest.mark.parametrize("url", ["s3://bucket/x", "gs:///no-bucket", "http://example.com/x", "gs://", ""])
 def test_filesystem_rejects_unusable_urls(url: str):
     with pytest.raises(UserError, match="gs://BUCKET/PATH"):
         storage.filesystem(url)
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("gs://YOUR-BUCKET/trm-study", "placeholder.*docs/tpu.md"),
+        ("gs://BUCKET/trm-study", "placeholder"),
+        ("gs://My_Bucket/x", "not a valid GCS bucket name"),
+        ("gs://ab/x", "not a valid GCS bucket name"),
+        ("gs://-bucket/x", "not a valid GCS bucket name"),
+        (f"gs://{'a' * 64}/x", "not a valid GCS bucket name"),
+        ("gs://192.168.1.1/x", "IP address"),
+        ("gs://google-data/x", "google"),
+        ("out/a\nb", "control character"),
+        ("-n/study", "starts with '-'.*write ./-n/study"),
+    ],
+)
+def test_check_url_names_what_is_wrong(url: str, expected: str):
+    with pytest.raises(UserError, match=expected):
+        storage.check_url(url, "storage")
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["gs://my-bucket", "gs://my_bucket.example.com/a b/c;d", "file:///tmp/x", "out/s;touch x;echo", "a b"],
+)
+def test_check_url_accepts_buckets_and_any_local_path(url: str):
+    assert storage.check_url(url) == url
 
 
 def test_join():

@@ -227,7 +227,7 @@ def test_a_broken_install_fails_the_job_without_spending_its_relaunches(cloud, t
     ],
 )
 def test_bad_names_are_rejected_before_any_command_runs(cloud, tmp_path, capsys, flag, value):
-    command = _launch_command("gs://b", tmp_path, "gs://b/runs/x", "gs://b/data")[3:]
+    command = _launch_command("gs://bkt", tmp_path, "gs://bkt/runs/x", "gs://bkt/data")[3:]
     if flag in command:
         command[command.index(flag) + 1] = value
     else:
@@ -239,6 +239,6 @@ def test_bad_names_are_rejected_before_any_command_runs(cloud, tmp_path, capsys,
 
 
 def test_local_run_dir_is_refused(cloud, tmp_path, capsys):
-    command = _launch_command("gs://b", tmp_path, str(tmp_path / "run"), "gs://b/data")[3:]
+    command = _launch_command("gs://bkt", tmp_path, str(tmp_path / "run"), "gs://bkt/data")[3:]
     assert trm_main(command) == 2
     assert "--run-dir" in capsys.readouterr().err and gcloud_calls(cloud) == []
