@@ -1,7 +1,10 @@
 # Parse-time setup: validate the settings, plan the selected experiments at the chosen scale, and print the
 # planned cost. Every job is known here (no checkpoints), so a dry run shows the whole study.
+#
+# Shell commands: settings are shared files (profiles, study files), so none may become shell code. Every
+# placeholder in a rule's shell command is quoted with `:q` (a list: each item quoted), and params hold plain
+# values or argument lists, never pre-joined command text (tests/test_workflow_quoting.py checks both).
 import os
-import shlex
 import sys
 
 import yaml
@@ -13,6 +16,7 @@ from trm.analysis.estimate import CostCache, accelerator_hours, run_flops
 from trm.analysis.plan import parse_dataset_name, plan_study
 from trm.analysis.scale import SMOKE_POOL, TEST_PUZZLES
 from trm.errors import UserError
+from trm.storage import GCS_SCHEMES, check_url
 from trm.storage import join as url_join
 
 
@@ -31,10 +35,43 @@ def _check_keys(settings, schema, where):
 with open(workflow.source_path("../schemas/config.schema.yaml")) as _schema_file:
     _check_keys(config, yaml.safe_load(_schema_file), "")
 validate(config, "../schemas/config.schema.yaml")
+
+
+def _check_argument(value, key):
+    """A setting that becomes a command-line argument: one line, and not read as an option."""
+    if any(ord(char) < 32 for char in value):
+        raise UserError(f"{key} {value!r} contains a control character (a newline?)")
+    if value.startswith("-"):
+        raise UserError(f"{key} {value!r} starts with '-', which commands read as an option: write ./{value}")
+
+
+def _check_locations():
+    """Storage URLs and folders reach commands and TPU hosts: check them where a dry run sees them."""
+    check_url(config["storage"], "storage")
+    for key in ("results", "source"):
+        _check_argument(config[key], key)
+    if "{" in config["results"] or "}" in config["results"]:
+        raise UserError(f"results {config['results']!r}: {{ and }} are Snakemake wildcards in output paths")
+    tpu = config["launch"]["tpu"]
+    _check_argument(tpu["lock_dir"], "launch.tpu.lock_dir")
+    if config["launch"]["backend"] != "tpu-vm":
+        return
+    for key, url in (("storage", config["storage"]), ("launch.tpu.code_url", tpu["code_url"])):
+        if url and (check_url(url, key).partition("://")[0] not in GCS_SCHEMES):
+            raise UserError(f"{key} {url!r}: the tpu-vm backend needs a gs:// URL (TPU hosts share no files)")
+
+
+try:
+    _check_locations()
+except UserError as err:
+    raise WorkflowError(
+        f"workflow settings (config/config.yaml, a profile's configfile or --config): {err}"
+    ) from None
+
 # Commands run with the `trm` of the environment running Snakemake, so an unactivated venv works
 # (`.venv/bin/snakemake`). Named by its folder, not by the interpreter's name: `python` and `python3` of one
 # venv must give the same command, or Snakemake sees changed params and reruns everything.
-TRM = shlex.quote(os.path.join(os.path.dirname(sys.executable), "trm"))
+TRM = os.path.join(os.path.dirname(sys.executable), "trm")
 
 try:
     PLAN = {
@@ -64,10 +101,11 @@ TEST_TIME_STEPS = ",".join(map(str, config["test_time_steps"][config["scale"]]))
 # Puzzles per `trm evaluate` batch: no larger than the test split, since padding rows cost as much as real ones.
 EVAL_BATCH_SIZE = min(256, TEST_PUZZLES[config["scale"]])
 # A persistent XLA cache: the study's many same-shaped configs (every group's baseline) compile once.
-JAX_CACHE_ENV = (
-    f"env JAX_COMPILATION_CACHE_DIR={shlex.quote(os.path.join(config['results'], '.cache', 'jax'))} "
-    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0"
-)
+JAX_CACHE_ENV = [
+    "env",
+    f"JAX_COMPILATION_CACHE_DIR={os.path.join(config['results'], '.cache', 'jax')}",
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0",
+]
 
 
 wildcard_constraints:
@@ -134,7 +172,7 @@ def run_url(exp_id):
 
 
 def train_command(exp):
-    """The one command that trains an experiment; everything after `--` is `trm train`'s arguments."""
+    """The argv of the one command that trains an experiment; after `--`, `trm train`'s arguments."""
     launch = config["launch"]
     train_args = [
         "--config",
@@ -155,7 +193,7 @@ def train_command(exp):
     ]
     if launch["backend"] == "tpu-vm":
         launch_args += tpu_launch_args(launch["tpu"])
-    return f"{JAX_CACHE_ENV} {TRM} launch {shlex.join(launch_args)} -- {shlex.join(train_args)}"
+    return [*JAX_CACHE_ENV, TRM, "launch", *launch_args, "--", *train_args]
 
 
 def tpu_launch_args(tpu):
@@ -199,4 +237,4 @@ def dataset_source(wildcards):
 def build_flags(wildcards):
     puzzles, num_aug = parse_dataset_name(wildcards.dataset)
     source = os.path.join(RESULTS, "pool") if config["scale"] == "smoke" else config["source"]
-    return f"--source {shlex.quote(source)} --subsample-size {puzzles} --num-aug {num_aug} --seed {config['seed']}"
+    return ["--source", source, "--subsample-size", puzzles, "--num-aug", num_aug, "--seed", config["seed"]]
