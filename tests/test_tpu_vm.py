@@ -217,6 +217,28 @@ def test_a_broken_install_fails_the_job_without_spending_its_relaunches(cloud, t
     assert node_pids(SLICE) == []
 
 
+def test_trainers_failing_before_training_fail_the_job_at_once(cloud, tpu_bucket, tmp_path):
+    """No dataset at --data: the trainers fail while setting up and say so in status.json; the launcher fails
+    the job at its next poll instead of waiting out the start timeout and relaunching."""
+    subprocess.run(["gcloud", "fake-create-node", SLICE], check=True, timeout=30)
+    run_dir = f"{tpu_bucket}/runs/no-dataset"
+    patient = ("--tpu-start-timeout", "900", "--tpu-max-relaunches", "5")
+    command = _launch_command(tpu_bucket, tmp_path, run_dir, f"{tpu_bucket}/no-such-dataset", tpu=patient)
+    started = time.time()
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output[-4000:]
+    assert time.time() - started < 240, output[-4000:]
+    launch = json.loads(storage.read_text(f"{run_dir}/launch.json"))
+    assert launch["state"] == "failed" and launch["attempt"] == 1, launch
+    assert "no-such-dataset/MANIFEST.json not found" in launch["message"], launch
+    status = json.loads(storage.read_text(f"{run_dir}/status.json"))
+    assert status["state"] == "failed" and status["slice"] == SLICE
+    starts = [argv for argv in gcloud_calls(cloud) if any("trm.cli train" in arg for arg in argv)]
+    assert len(starts) == 1  # not relaunched
+    wait_until_exited(SLICE)
+
+
 @pytest.mark.parametrize(
     ("flag", "value"),
     [
