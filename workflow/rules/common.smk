@@ -13,20 +13,41 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from trm.analysis.estimate import CostCache, accelerator_hours, run_flops
-from trm.analysis.plan import parse_dataset_name, plan_study
+from trm.analysis.plan import check_batches, parse_dataset_name, plan_study
 from trm.analysis.scale import SMOKE_POOL, TEST_PUZZLES
 from trm.errors import UserError
 from trm.storage import GCS_SCHEMES, check_url
 from trm.storage import join as url_join
 
 
+def _setting_source(dotted):
+    """Where the workflow setting `dotted` gets its value: --config, the last --configfile (a profile's study
+    file) that sets it, or config/config.yaml. Error messages name it."""
+    keys = dotted.split(".")
+
+    def holds(tree):
+        for key in keys:
+            if not isinstance(tree, dict) or key not in tree:
+                return False
+            tree = tree[key]
+        return True
+
+    if holds(dict(workflow.config_settings.config)):
+        return "--config"
+    for path in reversed(list(workflow.config_settings.configfiles)):
+        with open(path) as stream:
+            if holds(yaml.safe_load(stream)):
+                return os.path.relpath(path)
+    return "config/config.yaml"
+
+
 def _check_keys(settings, schema, where):
-    """Name a misspelt setting and the allowed ones (the schema validator only says 'was unexpected')."""
+    """Name a misspelt setting, its file and the allowed ones (the schema validator only says 'was unexpected')."""
     for key, value in settings.items():
         allowed = schema["properties"]
         if key not in allowed:
             raise WorkflowError(
-                f"config/config.yaml or --config: unknown key '{where}{key}'; allowed keys: {', '.join(allowed)}"
+                f"{_setting_source(where + key)}: unknown key '{where}{key}'; allowed keys: {', '.join(allowed)}"
             )
         if isinstance(value, dict) and "properties" in allowed[key]:
             _check_keys(value, allowed[key], f"{where}{key}.")
@@ -45,28 +66,35 @@ def _check_argument(value, key):
         raise UserError(f"{key} {value!r} starts with '-', which commands read as an option: write ./{value}")
 
 
-def _check_locations():
-    """Storage URLs and folders reach commands and TPU hosts: check them where a dry run sees them."""
-    check_url(config["storage"], "storage")
-    for key in ("results", "source"):
-        _check_argument(config[key], key)
-    if "{" in config["results"] or "}" in config["results"]:
-        raise UserError(f"results {config['results']!r}: {{ and }} are Snakemake wildcards in output paths")
-    tpu = config["launch"]["tpu"]
-    _check_argument(tpu["lock_dir"], "launch.tpu.lock_dir")
-    if config["launch"]["backend"] != "tpu-vm":
-        return
-    for key, url in (("storage", config["storage"]), ("launch.tpu.code_url", tpu["code_url"])):
-        if url and (check_url(url, key).partition("://")[0] not in GCS_SCHEMES):
-            raise UserError(f"{key} {url!r}: the tpu-vm backend needs a gs:// URL (TPU hosts share no files)")
+def _check_results(value, key):
+    _check_argument(value, key)
+    if "{" in value or "}" in value:
+        raise UserError(f"{key} {value!r}: {{ and }} are Snakemake wildcards in output paths")
 
 
-try:
-    _check_locations()
-except UserError as err:
-    raise WorkflowError(
-        f"workflow settings (config/config.yaml, a profile's configfile or --config): {err}"
-    ) from None
+def _check_gcs(url, key):
+    """The tpu-vm backend's storage: the hosts share no files, so only gs:// (an empty code_url: STORAGE/code)."""
+    if url and check_url(url, key).partition("://")[0] not in GCS_SCHEMES:
+        raise UserError(f"{key} {url!r}: the tpu-vm backend needs a gs:// URL (TPU hosts share no files)")
+
+
+# Storage URLs and folders reach commands and TPU hosts: check them where a dry run sees them.
+_LOCATIONS = [
+    ("storage", check_url),
+    ("results", _check_results),
+    ("source", _check_argument),
+    ("launch.tpu.lock_dir", _check_argument),
+]
+if config["launch"]["backend"] == "tpu-vm":
+    _LOCATIONS += [("storage", _check_gcs), ("launch.tpu.code_url", _check_gcs)]
+for _key, _check in _LOCATIONS:
+    _value = config
+    for _part in _key.split("."):
+        _value = _value[_part]
+    try:
+        _check(_value, _key)
+    except UserError as err:
+        raise WorkflowError(f"{_setting_source(_key)}: {err}") from None
 
 # Commands run with the `trm` of the environment running Snakemake, so an unactivated venv works
 # (`.venv/bin/snakemake`). Named by its folder, not by the interpreter's name: `python` and `python3` of one
@@ -88,6 +116,17 @@ try:
 except UserError as err:
     raise WorkflowError(str(err)) from None
 
+DEVICES = config["launch"]["hosts"] * config["launch"]["devices_per_host"]
+try:
+    check_batches(
+        list(PLAN.values()),
+        DEVICES,
+        f"launch.hosts {config['launch']['hosts']} x launch.devices_per_host "
+        f"{config['launch']['devices_per_host']} from {_setting_source('launch.hosts')}, scale {config['scale']}",
+    )
+except UserError as err:
+    raise WorkflowError(str(err)) from None
+
 RESULTS = os.path.join(config["results"], config["scale"])
 STORAGE = url_join(config["storage"], config["scale"])
 TABLE = os.path.join(RESULTS, "table")
@@ -96,7 +135,6 @@ PLOT_FILES = os.path.join(RESULTS, "plots", "{group}.{ext}")
 SELECTED_GROUPS = list(dict.fromkeys(exp.group for exp in PLAN.values()))
 DATASETS = sorted({exp.dataset for exp in PLAN.values()})
 SOFTWARE = "../envs/trm.yaml"  # every rule's conda environment (relative to the rule files)
-DEVICES = config["launch"]["hosts"] * config["launch"]["devices_per_host"]
 TEST_TIME_STEPS = ",".join(map(str, config["test_time_steps"][config["scale"]]))
 # Puzzles per `trm evaluate` batch: no larger than the test split, since padding rows cost as much as real ones.
 EVAL_BATCH_SIZE = min(256, TEST_PUZZLES[config["scale"]])
