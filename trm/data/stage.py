@@ -186,6 +186,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    storage.check_url(args.dest)
     s = stage_dataset(args.src, args.dest)
     if not s["manifest_written"]:
         print(

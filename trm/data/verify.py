@@ -143,6 +143,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    storage.check_url(args.dest)  # named as given, not as the manifest's URL
     manifest = verify_dataset(args.dest, download=args.download)
     how = "downloaded and re-hashed" if args.download else "checked"
     print(
