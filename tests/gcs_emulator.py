@@ -6,18 +6,23 @@ tensorstore or orbax are imported (platform.md §4.4); they do not affect local-
 starts only when a test asks for `gcs_emulator` (once per session, ~0.1-1.5 s) and stops at the end.
 
 Fixtures: `gcs_emulator` (endpoint URL), `gcs_bucket` (a fresh empty bucket, "gs://NAME"), and `storage_root`
-(parametrized: an empty file:// folder, then an empty gs:// bucket) for code that must work on both.
+(parametrized: an empty file:// folder, then an empty gs:// bucket) for code that must work on both. For failures:
+`closed_gcs_endpoint` (a loopback port nobody listens on) and `refusing_gcs` (a loopback server answering every
+request with one HTTP status and a GCS-style error, e.g. 401 as GCS answers a caller without credentials).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -104,3 +109,46 @@ def storage_root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "file":
         return f"file://{tmp_path / 'storage'}"
     return request.getfixturevalue("gcs_bucket")
+
+
+@pytest.fixture
+def closed_gcs_endpoint() -> str:
+    """http://127.0.0.1:PORT where nothing listens: every connection is refused at once."""
+    return f"http://127.0.0.1:{_free_port()}"
+
+
+class _Refusing(BaseHTTPRequestHandler):
+    status = 401
+    message = "Anonymous caller does not have storage.objects.get access to the Google Cloud Storage object."
+
+    def _answer(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        body = json.dumps({"error": {"code": self.status, "message": self.message}}).encode()
+        self.send_response(self.status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = do_DELETE = _answer
+
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+
+@pytest.fixture
+def refusing_gcs() -> Iterator[Callable[[int], str]]:
+    """Start a loopback server answering every request with `status`; returns its endpoint URL."""
+    servers: list[ThreadingHTTPServer] = []
+
+    def start(status: int) -> str:
+        handler = type("Refusing", (_Refusing,), {"status": status})
+        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()

@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,7 @@ from trm.cli import main as trm
 from trm.errors import UserError
 from trm.launch import distributed
 from trm.launch.local import host_environment, run_processes
+from trm.train.runstate import read_run
 
 
 def _options(argv: list[str]) -> distributed.DistributedOptions:
@@ -150,3 +152,33 @@ def test_hosts_fail_together_on_bad_training_input(tmp_path, capsys):
     assert code == 2, out
     assert "[host 0]" in out and "[host 1]" in out and "missing.yaml" in out
     assert not (tmp_path / "run").exists()
+
+
+def test_a_job_whose_trainers_fail_before_training_fails_at_once_with_a_failed_status(tmp_path, capsys):
+    """No dataset at --data: both hosts fail while setting up; the launcher returns their code at once and the
+    run dir says why (process 0's failed status.json), as `trm status` and the TPU launcher read it."""
+    run = tmp_path / "run"
+    started = time.monotonic()
+    code = trm(
+        [
+            "launch",
+            "--hosts",
+            "2",
+            "--",
+            "--config",
+            str(Path(__file__).resolve().parents[1] / "config" / "base.yaml"),
+            "--data",
+            str(tmp_path / "no-dataset"),
+            "--run-dir",
+            str(run),
+            "--set=arch.hidden_size=32",
+            "--set=arch.num_heads=2",
+            "--set=train.global_batch_size=8",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 2, out[-3000:]
+    assert time.monotonic() - started < 120
+    state = read_run(str(run))
+    assert state.state == "failed" and "no-dataset/MANIFEST.json not found" in state.detail, state
+    assert "[host 0]" in out and "[host 1]" in out

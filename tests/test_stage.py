@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from trm import cli, storage
-from trm.data.manifest import MANIFEST_NAME
+from trm.data import stage as stage_module
+from trm.data.manifest import MANIFEST_NAME, STAGING_MARKER
 from trm.data.stage import stage_dataset
 from trm.data.verify import fetch_dataset, find_problems, verify_dataset
 from trm.errors import UserError
@@ -118,22 +119,75 @@ def test_restage_changed_content(dataset: Path, dest: str, tmp_path: Path):
 
 
 def test_interrupted_staging_leaves_no_manifest_and_rerun_completes(
-    dataset: Path, dest: str, tmp_path: Path, capsys
+    dataset: Path, dest: str, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
 ):
     stage_dataset(dataset, dest)
-    # What an interrupted restage leaves behind: the manifest removed first, then only some files replaced.
-    damage(storage.join(dest, MANIFEST_NAME), "delete")
-    damage(storage.join(dest, "train", "inputs.npy"), "delete")
+    # A restage interrupted after its first upload: the manifest is gone, one file is replaced, one added.
+    np.save(dataset / "test" / "inputs.npy", np.zeros((3, 81), np.uint8))
+    (dataset / "a-new-file.txt").write_text("added")
+    uploads = []
+
+    def interrupted(*args):
+        if uploads:
+            raise KeyboardInterrupt
+        uploads.append(real_upload(*args))
+
+    real_upload = stage_module._upload
+    monkeypatch.setattr(stage_module, "_upload", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        stage_dataset(dataset, dest)
+    monkeypatch.undo()
+    assert storage.exists(storage.join(dest, "a-new-file.txt"))
 
     code, _, err = run_cli(["verify", dest], capsys)
     assert code == 2 and f"{dest}/MANIFEST.json not found" in err and "rerun trm stage" in err
     with pytest.raises(UserError, match="MANIFEST.json not found"):
         fetch_dataset(dest, tmp_path / "cache")
 
+    # The file the interrupted run added is its own: removing it from the source deletes it from storage.
+    (dataset / "a-new-file.txt").unlink()
     summary = stage_dataset(dataset, dest)
-    assert summary["uploaded_files"] == 1 and summary["manifest_written"]
+    assert summary["manifest_written"] and summary["uploaded_files"] == 1 and summary["deleted_files"] == 1
     assert run_cli(["verify", dest], capsys)[0] == 0
+    assert storage.list_files(dest) == sorted([*source_files(dataset), MANIFEST_NAME])
     assert source_files(fetch_dataset(dest, tmp_path / "cache")).items() >= source_files(dataset).items()
+
+
+def test_stage_interrupted_after_its_manifest_only_removes_its_marker(dataset: Path, dest: str, capsys):
+    stage_dataset(dataset, dest)
+    files = sorted(source_files(dataset))
+    storage.write_text(storage.join(dest, STAGING_MARKER), json.dumps({"files": files}))
+    code, _, err = run_cli(["verify", dest], capsys)
+    assert code == 2 and ".staging.json: left by an interrupted trm stage; rerun trm stage" in err
+    summary = stage_dataset(dataset, dest)
+    assert not summary["manifest_written"] and summary["uploaded_files"] == 0
+    assert run_cli(["verify", dest], capsys)[0] == 0 and not storage.exists(
+        storage.join(dest, STAGING_MARKER)
+    )
+
+
+def test_stage_refuses_a_destination_holding_files_it_did_not_write(dataset: Path, dest: str, capsys):
+    """The reproducer: a folder that was never a staged dataset is refused, named, and left as it was."""
+    storage.write_text(storage.join(dest, "notes.txt"), "mine")
+    storage.write_text(storage.join(dest, "sub", "keep.txt"), "mine too")
+    code, out, err = run_cli(["stage", str(dataset), dest], capsys)
+    assert code == 2 and not out
+    assert f"{dest} is not empty and is not a dataset staged by trm stage (no MANIFEST.json)" in err
+    assert "notes.txt, sub/keep.txt" in err and "Stage to an empty or new destination" in err
+    assert len(err.strip().splitlines()) == 1
+    assert storage.list_files(dest) == ["notes.txt", "sub/keep.txt"]  # nothing written, nothing deleted
+    assert storage.read_text(storage.join(dest, "notes.txt")) == "mine"
+
+    # A file added to a staged dataset is not deleted either: it is named, and the dataset left as it was.
+    other = dest + "-staged"
+    stage_dataset(dataset, other)
+    manifest = storage.read_text(storage.join(other, MANIFEST_NAME))
+    storage.write_text(storage.join(other, "test", "notes.txt"), "mine")
+    (dataset / "dataset.json").write_text("{}")  # a change, so the restage would write
+    code, _, err = run_cli(["stage", str(dataset), other], capsys)
+    assert code == 2 and f"{other} holds 1 files its MANIFEST.json does not list (test/notes.txt)" in err
+    assert storage.read_text(storage.join(other, MANIFEST_NAME)) == manifest
+    assert storage.read_text(storage.join(other, "test", "notes.txt")) == "mine"
 
 
 def test_killed_stage_leaves_no_manifest_and_rerun_completes(tmp_path: Path, dest: str, capsys):

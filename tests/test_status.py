@@ -119,7 +119,7 @@ def test_bad_arguments_and_empty_storage(tmp_path, capsys):
     assert trm(["status", "--storage", str(tmp_path), "--stale-after", "0"]) == 2
     assert "--stale-after" in capsys.readouterr().err
     assert trm(["status", "--storage", "ftp://x/y"]) == 2
-    assert "unsupported storage URL" in capsys.readouterr().err
+    assert "unsupported --storage 'ftp://x/y'" in capsys.readouterr().err
 
 
 def test_a_half_written_marker_is_not_read_as_a_state(tmp_path):

@@ -24,8 +24,10 @@ SLICES = ("trm-profile-a", "trm-profile-b")
 
 def test_profile_dry_run_needs_no_gcloud_and_shows_tpu_hours(tmp_path):
     env = {**os.environ, "PATH": str(Path(sys.executable).parent), "HOME": str(tmp_path)}
+    # The profile's storage is a placeholder, refused until set (docs/tpu.md, set-up step 5).
+    settings = ["groups=[exp06]", "storage=gs://my-trm-bucket/trm-study"]
     done = subprocess.run(
-        [SNAKEMAKE, "--profile", "profiles/tpu-v4-64", "-n", "--config", "groups=[exp06]"],
+        [SNAKEMAKE, "--profile", "profiles/tpu-v4-64", "-n", "--config", *settings],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -38,6 +40,19 @@ def test_profile_dry_run_needs_no_gcloud_and_shows_tpu_hours(tmp_path):
     assert len(jobs) == 6 and all("TPU v4 chip-hours" in line and "32 devices" in line for line in jobs)
     assert "scale paper: 6 experiments" in output and "TPU v4 chip-hours of training" in output
     assert "--backend tpu-vm --hosts 8 --devices-per-host 4" in output
+
+    placeholder = subprocess.run(
+        [SNAKEMAKE, "--profile", "profiles/tpu-v4-64", "-n"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    output = placeholder.stdout + placeholder.stderr
+    assert (
+        placeholder.returncode != 0 and "YOUR-BUCKET is a placeholder" in output and "docs/tpu.md" in output
+    )
 
 
 def _test_profile(root: Path, tpu_bucket: str, tmp: Path) -> Path:

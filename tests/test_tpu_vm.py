@@ -217,6 +217,28 @@ def test_a_broken_install_fails_the_job_without_spending_its_relaunches(cloud, t
     assert node_pids(SLICE) == []
 
 
+def test_trainers_failing_before_training_fail_the_job_at_once(cloud, tpu_bucket, tmp_path):
+    """No dataset at --data: the trainers fail while setting up and say so in status.json; the launcher fails
+    the job at its next poll instead of waiting out the start timeout and relaunching."""
+    subprocess.run(["gcloud", "fake-create-node", SLICE], check=True, timeout=30)
+    run_dir = f"{tpu_bucket}/runs/no-dataset"
+    patient = ("--tpu-start-timeout", "900", "--tpu-max-relaunches", "5")
+    command = _launch_command(tpu_bucket, tmp_path, run_dir, f"{tpu_bucket}/no-such-dataset", tpu=patient)
+    started = time.time()
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output[-4000:]
+    assert time.time() - started < 240, output[-4000:]
+    launch = json.loads(storage.read_text(f"{run_dir}/launch.json"))
+    assert launch["state"] == "failed" and launch["attempt"] == 1, launch
+    assert "no-such-dataset/MANIFEST.json not found" in launch["message"], launch
+    status = json.loads(storage.read_text(f"{run_dir}/status.json"))
+    assert status["state"] == "failed" and status["slice"] == SLICE
+    starts = [argv for argv in gcloud_calls(cloud) if any("trm.cli train" in arg for arg in argv)]
+    assert len(starts) == 1  # not relaunched
+    wait_until_exited(SLICE)
+
+
 @pytest.mark.parametrize(
     ("flag", "value"),
     [
@@ -227,7 +249,7 @@ def test_a_broken_install_fails_the_job_without_spending_its_relaunches(cloud, t
     ],
 )
 def test_bad_names_are_rejected_before_any_command_runs(cloud, tmp_path, capsys, flag, value):
-    command = _launch_command("gs://b", tmp_path, "gs://b/runs/x", "gs://b/data")[3:]
+    command = _launch_command("gs://bkt", tmp_path, "gs://bkt/runs/x", "gs://bkt/data")[3:]
     if flag in command:
         command[command.index(flag) + 1] = value
     else:
@@ -239,6 +261,6 @@ def test_bad_names_are_rejected_before_any_command_runs(cloud, tmp_path, capsys,
 
 
 def test_local_run_dir_is_refused(cloud, tmp_path, capsys):
-    command = _launch_command("gs://b", tmp_path, str(tmp_path / "run"), "gs://b/data")[3:]
+    command = _launch_command("gs://bkt", tmp_path, str(tmp_path / "run"), "gs://bkt/data")[3:]
     assert trm_main(command) == 2
     assert "--run-dir" in capsys.readouterr().err and gcloud_calls(cloud) == []

@@ -275,7 +275,23 @@ def test_run_dir_refuses_a_different_config(easy_data, tmp_path):
     done = _run(_train_cmd(easy_data, run, tmp_path / "cache", {"train.epochs": 2, "train.eval_interval": 1}))
     assert done.returncode == 2
     assert "config.json" in done.stderr and "--run-dir" in done.stderr
-    assert os.listdir(run) == ["config.json"]
+    assert os.listdir(run) == ["config.json"]  # the other config's run dir: no failed status written there
+
+
+def test_a_run_that_fails_before_training_is_marked_failed_with_its_reason(tmp_path):
+    run = tmp_path / "run"
+    done = _run(
+        _train_cmd("/nonexistent", run, tmp_path / "cache", {"train.epochs": 2, "train.eval_interval": 1})
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "/nonexistent/MANIFEST.json not found" in done.stderr
+    state = read_run(str(run))
+    assert state.state == "failed" and "UserError: /nonexistent/MANIFEST.json not found" in state.detail
+    assert sorted(p.relative_to(run).as_posix() for p in run.rglob("*") if p.is_file()) == [
+        "config.json",
+        "logs/host-0.log",
+        "status.json",
+    ]
 
 
 def test_a_failing_step_marks_the_run_failed_with_its_error(easy_data, tmp_path):

@@ -6,11 +6,16 @@ On a TPU pod there is no shared filesystem: anything every host must see lives o
 Emulator: when STORAGE_EMULATOR_HOST is set (read at each call), `gs://` goes to that endpoint with anonymous
 credentials; otherwise gcsfs uses the machine's default credentials. Set GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false
 before gcsfs is first imported when using an emulator (see platform.md §4.4).
+
+Every URL is checked by `check_url`, which the workflow also runs on its settings at parse time. GCS requests
+have timeouts and a short, bounded retry (trm/gcs.py); GCS unreachable or refusing our credentials is a
+`StorageUnavailable` error: one line naming the URL and what to do, never a long retry or a traceback.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -20,12 +25,62 @@ from fsspec.implementations.local import LocalFileSystem
 from trm.errors import UserError
 
 GCS_SCHEMES = ("gs", "gcs")
+URL_FORMS = "gs://BUCKET/PATH, file:///ABS/PATH or a local path"
+# The placeholder of profiles/tpu-v4-64/study.yaml and of the docs.
+PLACEHOLDER_BUCKETS = ("YOUR-BUCKET", "BUCKET")
+# GCS bucket names: 3-63 characters (up to 222 with dots, 63 per dot-separated part) of lowercase letters,
+# digits, "-", "_" and "."; first and last a letter or digit; not an IP address; no "goog" prefix.
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")
+_IP_ADDRESS = re.compile(r"[0-9]{1,3}(\.[0-9]{1,3}){3}")
+
+
+def bucket_problem(name: str) -> str | None:
+    """Why `name` is not a valid GCS bucket name, or None when it is."""
+    parts = name.split(".")
+    if (
+        not _BUCKET.fullmatch(name)
+        or any(not 1 <= len(part) <= 63 for part in parts)
+        or ("." not in name and len(name) > 63)
+    ):
+        return (
+            "a bucket name is 3-63 lowercase letters, digits, '-', '_' or '.' (up to 222 with dots), "
+            "starting and ending with a letter or digit"
+        )
+    if _IP_ADDRESS.fullmatch(name) or name.startswith("goog") or "google" in name:
+        return "a bucket name cannot be an IP address, start with 'goog' or contain 'google'"
+    return None
+
+
+def check_url(url: object, what: str = "storage URL") -> str:
+    """`url` if it is a usable storage URL (gs://BUCKET[/PATH], file:///PATH or a local path), else a UserError
+    naming `what` (the setting or argument) and the accepted forms. The one check for the CLI and the workflow."""
+    if not isinstance(url, str) or not url.strip():
+        raise UserError(f"{what} {url!r} is empty or not a string: expected {URL_FORMS}")
+    if any(ord(char) < 32 or ord(char) == 127 for char in url):
+        raise UserError(f"{what} {url!r} contains a control character (a newline?): expected {URL_FORMS}")
+    scheme, sep, rest = url.partition("://")
+    if not sep and url.startswith("-"):
+        raise UserError(f"{what} {url!r} starts with '-', which commands read as an option: write ./{url}")
+    if not sep or scheme == "file":
+        return url
+    if scheme not in GCS_SCHEMES:
+        raise UserError(f"unsupported {what} {url!r}: use {URL_FORMS}")
+    bucket = rest.split("/", 1)[0]
+    if not bucket:
+        raise UserError(f"{what} {url!r} has no bucket name: expected gs://BUCKET/PATH")
+    if bucket in PLACEHOLDER_BUCKETS:
+        raise UserError(
+            f"{what} {url!r}: {bucket} is a placeholder; set your own bucket (docs/tpu.md, one-time set-up, "
+            "steps 3 and 5), e.g. storage: gs://my-trm-bucket/trm-study in profiles/tpu-v4-64/study.yaml"
+        )
+    problem = bucket_problem(bucket)
+    if problem:
+        raise UserError(f"{what} {url!r}: {bucket!r} is not a valid GCS bucket name: {problem}")
+    return url
 
 
 def _gcs_filesystem() -> AbstractFileSystem:
-    # The plain GCSFileSystem, not the "extended" class gcsfs may register for "gs": that one probes each
-    # bucket's layout over gRPC, which emulators cannot answer (60 s timeout per call). Our buckets are standard.
-    from gcsfs.core import GCSFileSystem
+    from trm.gcs import BoundedGCSFileSystem
 
     emulator = os.environ.get("STORAGE_EMULATOR_HOST", "")
     # Listings are not cached: other hosts and processes change the bucket under us, and a stale listing would
@@ -34,25 +89,18 @@ def _gcs_filesystem() -> AbstractFileSystem:
     if emulator:
         if "://" not in emulator:
             emulator = f"http://{emulator}"
-        return GCSFileSystem(token="anon", endpoint_url=emulator, use_listings_cache=False)
-    return GCSFileSystem(use_listings_cache=False)
+        return BoundedGCSFileSystem(token="anon", endpoint_url=emulator, use_listings_cache=False)
+    return BoundedGCSFileSystem(use_listings_cache=False)
 
 
 def filesystem(url: str) -> tuple[AbstractFileSystem, str]:
     """The filesystem holding `url` and the path to pass to it ("bucket/prefix" on GCS, absolute path locally)."""
-    scheme, sep, rest = url.partition("://")
+    scheme, sep, rest = check_url(url).partition("://")
     if not sep:
         return LocalFileSystem(auto_mkdir=True), os.path.abspath(os.path.expanduser(url))
     if scheme == "file":
         return LocalFileSystem(auto_mkdir=True), os.path.abspath(rest)
-    if scheme in GCS_SCHEMES:
-        bucket = rest.split("/", 1)[0]
-        if not bucket:
-            raise UserError(f"storage URL {url!r} has no bucket name: expected gs://BUCKET/PATH")
-        return _gcs_filesystem(), rest.rstrip("/")
-    raise UserError(
-        f"unsupported storage URL {url!r}: use gs://BUCKET/PATH, file:///ABS/PATH or a local path"
-    )
+    return _gcs_filesystem(), rest.rstrip("/")
 
 
 def join(url: str, *parts: str) -> str:

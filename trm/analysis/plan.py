@@ -131,3 +131,24 @@ def plan_study(
             )
         plan.append(Experiment(exp_id, group_of[exp_id], path, overrides, config, config_hash(config)))
     return plan
+
+
+def check_batches(plan: list[Experiment], devices: int, where: str) -> None:
+    """Refuse at plan time the experiments the job's devices cannot train: the trainer's own rule
+    (trm.train.step.check_train_config, which imports JAX) that every device gets the same whole number of rows
+    of every micro-batch. `where` names the settings that give the device count."""
+    bad = [
+        exp
+        for exp in plan
+        if exp.config["train"]["global_batch_size"] % (exp.config["train"]["micro_batches"] * devices)
+    ]
+    if not bad:
+        return
+    lines = [
+        f"{exp.path}: train.global_batch_size={exp.config['train']['global_batch_size']} must be divisible by "
+        f"train.micro_batches ({exp.config['train']['micro_batches']}) x the job's {devices} devices ({where}) = "
+        f"{exp.config['train']['micro_batches'] * devices}"
+        for exp in bad[:3]
+    ]
+    more = f" (and {len(bad) - 3} more experiments)" if len(bad) > 3 else ""
+    raise UserError("; ".join(lines) + more + ": choose a batch that divides, or another device count")

@@ -225,7 +225,7 @@ def render(root: str, stale_after_s: float, as_json: bool) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    root = args.storage or _default_storage()
+    root = storage.check_url(args.storage or _default_storage(), "--storage" if args.storage else "storage")
     if args.stale_after <= 0:
         raise UserError(f"--stale-after {args.stale_after}: must be > 0 seconds")
     if args.watch is None:

@@ -1,15 +1,20 @@
 """Copy a local dataset folder to storage (gs://BUCKET/PATH, file:///PATH or a local path) with a manifest.
 
-Every file is uploaded, its stored checksum confirmed, files on storage that are not in the source are deleted,
-and MANIFEST.json (sizes, md5, crc32c) is written LAST: a destination without a manifest is not a staged
-dataset. Any old manifest is removed before the first change, so an interrupted run leaves none; rerunning
+Every file is uploaded, its stored checksum confirmed, files a previous staging wrote that are not in the source
+are deleted, and MANIFEST.json (sizes, md5, crc32c) is written LAST: a destination without a manifest is not a
+staged dataset. Any old manifest is removed before the first change, so an interrupted run leaves none; rerunning
 completes it. Files already stored with the right size and checksums are skipped, so rerunning on unchanged
 content transfers nothing.
+
+Only files that trm stage wrote are ever replaced or deleted: those the destination's manifest lists, or, after
+an interruption, its .staging.json (written before the first change). A destination holding any other file
+(a folder that was never a staged dataset, or a file added to one) is refused, and nothing is written.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -17,7 +22,15 @@ from fsspec.callbacks import Callback
 from tqdm import tqdm
 
 from trm import storage
-from trm.data.manifest import MANIFEST_NAME, FileEntry, Manifest, list_stored, scan_local, stored_entry
+from trm.data.manifest import (
+    MANIFEST_NAME,
+    STAGING_MARKER,
+    FileEntry,
+    Manifest,
+    list_stored,
+    scan_local,
+    stored_entry,
+)
 from trm.errors import UserError
 
 
@@ -53,6 +66,9 @@ def stage_dataset(src: str | Path, dest: str) -> dict:
         )
     stored = list_stored(fs, root)
     old_manifest = stored.pop(MANIFEST_NAME, None)
+    marker = stored.pop(STAGING_MARKER, None)
+    owned = _owned_files(fs, root, dest, old_manifest is not None, marker is not None)
+    _refuse_foreign_files(dest, sorted(set(stored) - owned), old_manifest is not None)
 
     to_upload = [
         e
@@ -67,9 +83,15 @@ def stage_dataset(src: str | Path, dest: str) -> dict:
         and fs.cat_file(manifest_path).decode() == manifest.to_json()
     )
     if manifest_current:
+        # Interrupted after writing the manifest: only the marker is left to remove.
+        if marker is not None:
+            fs.rm_file(f"{root}/{STAGING_MARKER}")
         return _summary(manifest, [], [], manifest_written=False, seconds=time.perf_counter() - start)
 
-    # From here on the destination changes: first make it unmistakably "not staged".
+    # From here on the destination changes: first record every file this run or an earlier one may have written
+    # there, then make the destination unmistakably "not staged".
+    ours = sorted(owned | {e.path for e in manifest.entries})
+    storage.write_text(storage.join(dest, STAGING_MARKER), json.dumps({"files": ours}, indent=1) + "\n")
     if old_manifest is not None:
         fs.rm_file(manifest_path)
     with tqdm(
@@ -80,8 +102,52 @@ def stage_dataset(src: str | Path, dest: str) -> dict:
     for rel in to_delete:
         fs.rm_file(f"{root}/{rel}")
     storage.write_text(storage.join(dest, MANIFEST_NAME), manifest.to_json())
+    fs.rm_file(f"{root}/{STAGING_MARKER}")
     return _summary(
         manifest, to_upload, to_delete, manifest_written=True, seconds=time.perf_counter() - start
+    )
+
+
+def _owned_files(fs, root: str, dest: str, has_manifest: bool, has_marker: bool) -> set[str]:
+    """The files of `dest` that trm stage wrote: listed by its manifest or by an interrupted run's marker."""
+    owned: set[str] = set()
+    if has_manifest:
+        url = storage.join(dest, MANIFEST_NAME)
+        try:
+            previous = Manifest.from_json(fs.cat_file(f"{root}/{MANIFEST_NAME}").decode(), url)
+            owned |= {e.path for e in previous.entries}
+        except (UserError, UnicodeDecodeError) as err:
+            raise UserError(
+                f"{err}; trm stage cannot tell which files of {dest} it wrote: stage to a new destination, or "
+                f"delete {dest} yourself first"
+            ) from None
+    if has_marker:
+        url = storage.join(dest, STAGING_MARKER)
+        try:
+            files = json.loads(fs.cat_file(f"{root}/{STAGING_MARKER}"))["files"]
+            owned |= {str(path) for path in files}
+        except (ValueError, KeyError, TypeError) as err:
+            raise UserError(
+                f"{url}: not a valid staging marker ({type(err).__name__}: {err}); stage to a new destination, or "
+                f"delete {dest} yourself first"
+            ) from None
+    return owned
+
+
+def _refuse_foreign_files(dest: str, foreign: list[str], has_manifest: bool) -> None:
+    """Refuse to stage into `dest` while it holds files trm stage did not write (it would replace or delete them)."""
+    if not foreign:
+        return
+    shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+    what = (
+        f"{dest} holds {len(foreign)} files its MANIFEST.json does not list ({shown})"
+        if has_manifest
+        else f"{dest} is not empty and is not a dataset staged by trm stage (no {MANIFEST_NAME}): "
+        f"it holds {len(foreign)} files ({shown})"
+    )
+    raise UserError(
+        f"{what}; trm stage only replaces or deletes files it wrote. Stage to an empty or new destination, "
+        "or move those files away first"
     )
 
 
@@ -120,6 +186,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    storage.check_url(args.dest)
     s = stage_dataset(args.src, args.dest)
     if not s["manifest_written"]:
         print(

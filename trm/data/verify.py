@@ -21,6 +21,7 @@ from trm import storage
 from trm.data.manifest import (
     FETCHED_MARKER,
     MANIFEST_NAME,
+    STAGING_MARKER,
     Manifest,
     hash_stream,
     list_stored,
@@ -37,6 +38,8 @@ def find_problems(url: str, download: bool = False) -> tuple[Manifest, list[str]
     stored = list_stored(fs, root)
     stored.pop(MANIFEST_NAME, None)
     problems = []
+    if stored.pop(STAGING_MARKER, None) is not None:
+        problems.append(f"{STAGING_MARKER}: left by an interrupted trm stage; rerun trm stage")
     for entry in manifest.entries:
         info = stored.pop(entry.path, None)
         if info is None:
@@ -140,6 +143,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    storage.check_url(args.dest)  # named as given, not as the manifest's URL
     manifest = verify_dataset(args.dest, download=args.download)
     how = "downloaded and re-hashed" if args.download else "checked"
     print(

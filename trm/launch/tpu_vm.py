@@ -87,7 +87,7 @@ def options_from_args(args: argparse.Namespace) -> TpuOptions:
         gcloud.check(args.tpu_project, gcloud.PROJECT, "--tpu-project")
     gcloud.check(args.tpu_accelerator_type, gcloud.ACCELERATOR, "--tpu-accelerator-type")
     gcloud.check(args.tpu_runtime_version, gcloud.RUNTIME, "--tpu-runtime-version")
-    if not args.tpu_code_url or not _is_gcs(args.tpu_code_url):
+    if not args.tpu_code_url or not _is_gcs(storage.check_url(args.tpu_code_url, "--tpu-code-url")):
         raise UserError(f"--tpu-code-url {args.tpu_code_url!r}: must be a gs:// URL the TPU hosts can read")
     for flag, value in (
         ("--tpu-poll-seconds", args.tpu_poll_seconds),
@@ -149,7 +149,7 @@ def resolve_job(train_args: list[str]) -> Job:
     if reserved:
         raise UserError(f"{reserved[0]}: the tpu-vm backend sets the multi-host options itself")
     for flag, url in (("--data", known.data), ("--run-dir", known.run_dir)):
-        if not _is_gcs(url):
+        if not _is_gcs(storage.check_url(url, flag)):
             raise UserError(f"{flag} {url}: the tpu-vm backend needs a gs:// URL (TPU hosts share no files)")
     base = None if known.config.endswith(".json") else BASE_CONFIG
     config = load_config(known.config, known.set, base=base)

@@ -3,7 +3,8 @@
 Nothing is guessed; every state comes from a file some process wrote:
 
   status.json   the trainer (process 0): its state, progress and a heartbeat (`updated_at`), written at start,
-                with every checkpoint, at the end, and at least every HEARTBEAT_S while training.
+                with every checkpoint, at the end, and at least every HEARTBEAT_S while training; "failed" with
+                the error when it fails, also before training starts (`mark_setup_failed`).
   launch.json   the launcher of a job: waiting for a slice, starting the workers, relaunching after a preemption,
                 failed or cancelled, with the slice's name.
   _SUCCESS      the trainer, last of all: the run finished.
@@ -15,10 +16,13 @@ Nothing is guessed; every state comes from a file some process wrote:
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 
 from trm import storage
+from trm.config import config_hash
 
 STATUS_FILE = "status.json"
 LAUNCH_FILE = "launch.json"
@@ -54,6 +58,27 @@ def write_status(run_dir: str, status: dict) -> None:
         raise ValueError(f"trainer state {status.get('state')!r} is not one of {TRAINER_STATES}")
     record = {**status, "updated_at": _now()}
     storage.write_text(storage.join(run_dir, STATUS_FILE), json.dumps(record, sort_keys=True))
+
+
+def mark_setup_failed(run_dir: str, config: dict, error: str, writer: bool) -> None:
+    """status.json "failed" with `error` for a trainer that failed before training, so `trm status` and the
+    launchers see the reason at once rather than a run dir without a status. Only the writer (process 0) writes,
+    and only in a run dir holding this config's config.json (never in another config's run dir). The previous
+    status's fields are kept (a resumed run's progress); a failure to write is reported, not raised over `error`."""
+    if not writer:
+        return
+    try:
+        existing = _read_json(storage.join(run_dir, "config.json"))
+        if existing is None or config_hash(existing) != config_hash(config):
+            return
+        previous = _read_json(storage.join(run_dir, STATUS_FILE)) or {}
+        fields = {
+            "config_hash": config_hash(config),
+            "slice": os.environ.get("TRM_SLICE") or previous.get("slice"),
+        }
+        write_status(run_dir, {**previous, **fields, "state": "failed", "error": error[:2000]})
+    except Exception as marker_err:  # storage may be what failed
+        print(f"could not write status.json: {marker_err}", file=sys.stderr)
 
 
 def write_launch(run_dir: str, state: str, slice_name: str | None, attempt: int, message: str = "") -> None:

@@ -47,7 +47,7 @@ from trm.train.checkpoint import Checkpointer
 from trm.train.data import TrainBatches, eval_batches
 from trm.train.hostlog import HostLog
 from trm.train.optim import dense_lr_schedule
-from trm.train.runstate import TrainerStatus
+from trm.train.runstate import TrainerStatus, mark_setup_failed
 from trm.train.schedule import cycles_at, halt_exploration_at
 from trm.train.step import EvalStep, Model, TrainState, TrainStep, check_train_config, init_state
 
@@ -106,7 +106,12 @@ def _train(args: argparse.Namespace, host_log: HostLog) -> int:
     if args.log_every < 1:
         raise UserError(f"--log-every {args.log_every}: must be >= 1")
     run_dir = args.run_dir.replace("{config_hash}", config_hash(config))
-    trainer = Trainer(config, args.data, run_dir, args.cache_dir, args.log_every, args.wandb, host_log)
+    try:
+        trainer = Trainer(config, args.data, run_dir, args.cache_dir, args.log_every, args.wandb, host_log)
+    except BaseException as err:
+        # A setup failure (no dataset, bad data, storage unreachable) still ends the run with a reason.
+        mark_setup_failed(run_dir, config, f"{type(err).__name__}: {err}", writer=jax.process_index() == 0)
+        raise
     return trainer.run()
 
 

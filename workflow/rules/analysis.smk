@@ -21,20 +21,21 @@ rule aggregate:
         test_time=f"{TABLE}-test-time.csv",
     params:
         trm=TRM,
-        ids=" ".join(PLAN),
+        ids=list(PLAN),
         results=lambda wildcards, output: os.path.dirname(output.csv),
         table=lambda wildcards, output: output.csv.removesuffix(".csv"),
-        accelerator=(
-            f"--devices {DEVICES} --peak-flops {config['accelerator']['peak_flops']} "
-            f"--utilization {config['accelerator']['utilization']} --test-puzzles {TEST_PUZZLES[config['scale']]}"
-        ),
+        accelerator=[
+            *("--devices", DEVICES, "--peak-flops", config["accelerator"]["peak_flops"]),
+            *("--utilization", config["accelerator"]["utilization"]),
+            *("--test-puzzles", TEST_PUZZLES[config["scale"]]),
+        ],
     conda:
         SOFTWARE
     log:
         os.path.join(RESULTS, "logs", "aggregate.log"),
     shell:
-        "{params.trm} aggregate {params.ids} --results {params.results} --groups {input.groups} "
-        "{params.accelerator} --output {params.table} > {log} 2>&1"
+        "{params.trm:q} aggregate {params.ids:q} --results {params.results:q} --groups {input.groups:q} "
+        "{params.accelerator:q} --output {params.table:q} > {log:q} 2>&1"
 
 
 rule verdicts:
@@ -54,15 +55,15 @@ rule verdicts:
     params:
         trm=TRM,
         scale=config["scale"],
-        groups=" ".join(SELECTED_GROUPS),
+        groups=SELECTED_GROUPS,
         folder=lambda wildcards, output: os.path.dirname(output.json),
     conda:
         SOFTWARE
     log:
         os.path.join(RESULTS, "logs", "verdicts.log"),
     shell:
-        "{params.trm} verdicts {params.groups} --table {input.csv} --groups {input.groups} "
-        "--scale {params.scale} --output {params.folder} > {log} 2>&1"
+        "{params.trm:q} verdicts {params.groups:q} --table {input.csv:q} --groups {input.groups:q} "
+        "--scale {params.scale:q} --output {params.folder:q} > {log:q} 2>&1"
 
 
 rule plot_group:
@@ -90,5 +91,5 @@ rule plot_group:
     log:
         os.path.join(RESULTS, "logs", "plot", "{group}.log"),
     shell:
-        "{params.trm} plot-group {wildcards.group} --table {params.table} --groups {input.groups} "
-        "--output {params.stem} > {log} 2>&1"
+        "{params.trm:q} plot-group {wildcards.group:q} --table {params.table:q} --groups {input.groups:q} "
+        "--output {params.stem:q} > {log:q} 2>&1"

@@ -1,7 +1,10 @@
 # Parse-time setup: validate the settings, plan the selected experiments at the chosen scale, and print the
 # planned cost. Every job is known here (no checkpoints), so a dry run shows the whole study.
+#
+# Shell commands: settings are shared files (profiles, study files), so none may become shell code. Every
+# placeholder in a rule's shell command is quoted with `:q` (a list: each item quoted), and params hold plain
+# values or argument lists, never pre-joined command text (tests/test_workflow_quoting.py checks both).
 import os
-import shlex
 import sys
 
 import yaml
@@ -10,19 +13,41 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from trm.analysis.estimate import CostCache, accelerator_hours, run_flops
-from trm.analysis.plan import parse_dataset_name, plan_study
+from trm.analysis.plan import check_batches, parse_dataset_name, plan_study
 from trm.analysis.scale import SMOKE_POOL, TEST_PUZZLES
 from trm.errors import UserError
+from trm.storage import GCS_SCHEMES, check_url
 from trm.storage import join as url_join
 
 
+def _setting_source(dotted):
+    """Where the workflow setting `dotted` gets its value: --config, the last --configfile (a profile's study
+    file) that sets it, or config/config.yaml. Error messages name it."""
+    keys = dotted.split(".")
+
+    def holds(tree):
+        for key in keys:
+            if not isinstance(tree, dict) or key not in tree:
+                return False
+            tree = tree[key]
+        return True
+
+    if holds(dict(workflow.config_settings.config)):
+        return "--config"
+    for path in reversed(list(workflow.config_settings.configfiles)):
+        with open(path) as stream:
+            if holds(yaml.safe_load(stream)):
+                return os.path.relpath(path)
+    return "config/config.yaml"
+
+
 def _check_keys(settings, schema, where):
-    """Name a misspelt setting and the allowed ones (the schema validator only says 'was unexpected')."""
+    """Name a misspelt setting, its file and the allowed ones (the schema validator only says 'was unexpected')."""
     for key, value in settings.items():
         allowed = schema["properties"]
         if key not in allowed:
             raise WorkflowError(
-                f"config/config.yaml or --config: unknown key '{where}{key}'; allowed keys: {', '.join(allowed)}"
+                f"{_setting_source(where + key)}: unknown key '{where}{key}'; allowed keys: {', '.join(allowed)}"
             )
         if isinstance(value, dict) and "properties" in allowed[key]:
             _check_keys(value, allowed[key], f"{where}{key}.")
@@ -31,10 +56,50 @@ def _check_keys(settings, schema, where):
 with open(workflow.source_path("../schemas/config.schema.yaml")) as _schema_file:
     _check_keys(config, yaml.safe_load(_schema_file), "")
 validate(config, "../schemas/config.schema.yaml")
+
+
+def _check_argument(value, key):
+    """A setting that becomes a command-line argument: one line, and not read as an option."""
+    if any(ord(char) < 32 for char in value):
+        raise UserError(f"{key} {value!r} contains a control character (a newline?)")
+    if value.startswith("-"):
+        raise UserError(f"{key} {value!r} starts with '-', which commands read as an option: write ./{value}")
+
+
+def _check_results(value, key):
+    _check_argument(value, key)
+    if "{" in value or "}" in value:
+        raise UserError(f"{key} {value!r}: {{ and }} are Snakemake wildcards in output paths")
+
+
+def _check_gcs(url, key):
+    """The tpu-vm backend's storage: the hosts share no files, so only gs:// (an empty code_url: STORAGE/code)."""
+    if url and check_url(url, key).partition("://")[0] not in GCS_SCHEMES:
+        raise UserError(f"{key} {url!r}: the tpu-vm backend needs a gs:// URL (TPU hosts share no files)")
+
+
+# Storage URLs and folders reach commands and TPU hosts: check them where a dry run sees them.
+_LOCATIONS = [
+    ("storage", check_url),
+    ("results", _check_results),
+    ("source", _check_argument),
+    ("launch.tpu.lock_dir", _check_argument),
+]
+if config["launch"]["backend"] == "tpu-vm":
+    _LOCATIONS += [("storage", _check_gcs), ("launch.tpu.code_url", _check_gcs)]
+for _key, _check in _LOCATIONS:
+    _value = config
+    for _part in _key.split("."):
+        _value = _value[_part]
+    try:
+        _check(_value, _key)
+    except UserError as err:
+        raise WorkflowError(f"{_setting_source(_key)}: {err}") from None
+
 # Commands run with the `trm` of the environment running Snakemake, so an unactivated venv works
 # (`.venv/bin/snakemake`). Named by its folder, not by the interpreter's name: `python` and `python3` of one
 # venv must give the same command, or Snakemake sees changed params and reruns everything.
-TRM = shlex.quote(os.path.join(os.path.dirname(sys.executable), "trm"))
+TRM = os.path.join(os.path.dirname(sys.executable), "trm")
 
 try:
     PLAN = {
@@ -51,6 +116,17 @@ try:
 except UserError as err:
     raise WorkflowError(str(err)) from None
 
+DEVICES = config["launch"]["hosts"] * config["launch"]["devices_per_host"]
+try:
+    check_batches(
+        list(PLAN.values()),
+        DEVICES,
+        f"launch.hosts {config['launch']['hosts']} x launch.devices_per_host "
+        f"{config['launch']['devices_per_host']} from {_setting_source('launch.hosts')}, scale {config['scale']}",
+    )
+except UserError as err:
+    raise WorkflowError(str(err)) from None
+
 RESULTS = os.path.join(config["results"], config["scale"])
 STORAGE = url_join(config["storage"], config["scale"])
 TABLE = os.path.join(RESULTS, "table")
@@ -59,15 +135,15 @@ PLOT_FILES = os.path.join(RESULTS, "plots", "{group}.{ext}")
 SELECTED_GROUPS = list(dict.fromkeys(exp.group for exp in PLAN.values()))
 DATASETS = sorted({exp.dataset for exp in PLAN.values()})
 SOFTWARE = "../envs/trm.yaml"  # every rule's conda environment (relative to the rule files)
-DEVICES = config["launch"]["hosts"] * config["launch"]["devices_per_host"]
 TEST_TIME_STEPS = ",".join(map(str, config["test_time_steps"][config["scale"]]))
 # Puzzles per `trm evaluate` batch: no larger than the test split, since padding rows cost as much as real ones.
 EVAL_BATCH_SIZE = min(256, TEST_PUZZLES[config["scale"]])
 # A persistent XLA cache: the study's many same-shaped configs (every group's baseline) compile once.
-JAX_CACHE_ENV = (
-    f"env JAX_COMPILATION_CACHE_DIR={shlex.quote(os.path.join(config['results'], '.cache', 'jax'))} "
-    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0"
-)
+JAX_CACHE_ENV = [
+    "env",
+    f"JAX_COMPILATION_CACHE_DIR={os.path.join(config['results'], '.cache', 'jax')}",
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0",
+]
 
 
 wildcard_constraints:
@@ -134,7 +210,7 @@ def run_url(exp_id):
 
 
 def train_command(exp):
-    """The one command that trains an experiment; everything after `--` is `trm train`'s arguments."""
+    """The argv of the one command that trains an experiment; after `--`, `trm train`'s arguments."""
     launch = config["launch"]
     train_args = [
         "--config",
@@ -155,7 +231,7 @@ def train_command(exp):
     ]
     if launch["backend"] == "tpu-vm":
         launch_args += tpu_launch_args(launch["tpu"])
-    return f"{JAX_CACHE_ENV} {TRM} launch {shlex.join(launch_args)} -- {shlex.join(train_args)}"
+    return [*JAX_CACHE_ENV, TRM, "launch", *launch_args, "--", *train_args]
 
 
 def tpu_launch_args(tpu):
@@ -199,4 +275,4 @@ def dataset_source(wildcards):
 def build_flags(wildcards):
     puzzles, num_aug = parse_dataset_name(wildcards.dataset)
     source = os.path.join(RESULTS, "pool") if config["scale"] == "smoke" else config["source"]
-    return f"--source {shlex.quote(source)} --subsample-size {puzzles} --num-aug {num_aug} --seed {config['seed']}"
+    return ["--source", source, "--subsample-size", puzzles, "--num-aug", num_aug, "--seed", config["seed"]]

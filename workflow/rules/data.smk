@@ -17,8 +17,8 @@ rule smoke_pool:
     log:
         os.path.join(RESULTS, "logs", "smoke_pool.log"),
     shell:
-        "{params.trm} smoke-pool --train {params.train} --test {params.test} --seed {params.seed} "
-        "--output-dir {params.folder} > {log} 2>&1"
+        "{params.trm:q} smoke-pool --train {params.train:q} --test {params.test:q} --seed {params.seed:q} "
+        "--output-dir {params.folder:q} > {log:q} 2>&1"
 
 
 rule build_dataset:
@@ -34,7 +34,7 @@ rule build_dataset:
     log:
         os.path.join(RESULTS, "logs", "build_dataset", "{dataset}.log"),
     shell:
-        "{params.trm} build-dataset {params.flags} --output-dir {output} --force > {log} 2>&1"
+        "{params.trm:q} build-dataset {params.flags:q} --output-dir {output:q} --force > {log:q} 2>&1"
 
 
 rule stage_dataset:
@@ -51,5 +51,5 @@ rule stage_dataset:
         os.path.join(RESULTS, "logs", "stage_dataset", "{dataset}.log"),
     shell:
         # The receipt (the output) is written only after the staged copy verifies against its manifest.
-        "({params.trm} stage {input} {params.url} && {params.trm} verify {params.url}) > {log} 2>&1 && "
-        "echo {params.url} > {output}"
+        "({params.trm:q} stage {input:q} {params.url:q} && {params.trm:q} verify {params.url:q}) > {log:q} 2>&1 && "
+        "printf '%s\\n' {params.url:q} > {output:q}"

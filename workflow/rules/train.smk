@@ -33,8 +33,8 @@ rule train:
         os.path.join(RESULTS, "benchmarks", "train", "{exp}.tsv")
     shell:
         # A finished run (trained by a same-config experiment or an earlier attempt) is only collected.
-        "({params.trm} collect-run {params.run_dir} {params.local} || "
-        "({params.command} && {params.trm} collect-run {params.run_dir} {params.local})) > {log} 2>&1"
+        "({params.trm:q} collect-run {params.run_dir:q} {params.local:q} || "
+        "({params.command:q} && {params.trm:q} collect-run {params.run_dir:q} {params.local:q})) > {log:q} 2>&1"
 
 
 rule evaluate:
@@ -60,8 +60,8 @@ rule evaluate:
     benchmark:
         os.path.join(RESULTS, "benchmarks", "evaluate", "{exp}.tsv")
     shell:
-        "{params.env} {params.trm} evaluate --checkpoint {params.run_dir} --data {params.data} --split test "
-        "--steps {params.steps} --batch-size {params.batch_size} --out {output.json} > {log} 2>&1"
+        "{params.env:q} {params.trm:q} evaluate --checkpoint {params.run_dir:q} --data {params.data:q} --split test "
+        "--steps {params.steps:q} --batch-size {params.batch_size:q} --out {output.json:q} > {log:q} 2>&1"
 
 
 rule run_metrics:
@@ -81,4 +81,4 @@ rule run_metrics:
     log:
         os.path.join(RESULTS, "logs", "run_metrics", "{exp}.log"),
     shell:
-        "{params.trm} run-metrics {params.run} --test-time {input.test_time} --output {output} > {log} 2>&1"
+        "{params.trm:q} run-metrics {params.run:q} --test-time {input.test_time:q} --output {output:q} > {log:q} 2>&1"
