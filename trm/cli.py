@@ -24,6 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Train a TRM on a staged dataset; resumes from the run dir's latest checkpoint.",
     ),
     "launch": ("trm.launch.cli", "Run `trm train` on every host of a job (local processes or a TPU slice)."),
+    "preflight": (
+        "trm.launch.preflight",
+        "Check gcloud, credentials, the bucket, the TPU API, slices and ssh before a TPU study.",
+    ),
     "config": ("trm.config.show", "Resolve, validate and print a run config (base <- experiment <- --set)."),
     "smoke-pool": (
         "trm.analysis.pool",

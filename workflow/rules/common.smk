@@ -256,6 +256,15 @@ def tpu_launch_args(tpu):
     return args
 
 
+def preflight_command():
+    """`trm preflight` with the study's storage and the tpu-vm settings, as an argument list."""
+    tpu = config["launch"]["tpu"]
+    args = [TRM, "preflight", "--storage", config["storage"], "--tpu-zone", tpu["zone"]]
+    args += [arg for name in tpu["slices"] for arg in ("--tpu-slice", name)]
+    args += ["--tpu-project", tpu["project"]] * bool(tpu["project"]) + ["--tpu-create"] * tpu["create"]
+    return [*args, "--tpu-accelerator-type", tpu["accelerator_type"]]
+
+
 def estimate_message(wildcards):
     first = first_with_same_run(wildcards.exp)
     if first != wildcards.exp:
