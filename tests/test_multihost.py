@@ -267,11 +267,11 @@ STEP_PROBE = textwrap.dedent(
 
 def test_gradient_accumulation_and_one_fused_all_reduce(data, tmp_path):
     base = {**TINY, "train.global_batch_size": 16}
+    # Four compilations on 4 devices (each costs seconds on 2 cores): accumulation in 2 parts against the whole
+    # batch; the collective count of both (tests/test_tpu_compile.py checks it for a TPU v4-64 too).
     sets = {
         "whole": (base, ["grads", "hlo"]),
         "two_parts": ({**base, "train.micro_batches": 2}, ["grads", "hlo"]),
-        "four_parts": ({**base, "train.micro_batches": 4}, ["grads"]),
-        "deeper": ({**base, "arch.L_layers": 3}, ["hlo"]),
     }
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "4"}
     done = subprocess.run(
@@ -285,7 +285,7 @@ def test_gradient_accumulation_and_one_fused_all_reduce(data, tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]
     out = json.loads(done.stdout.splitlines()[-1])
     whole = out["whole"]
-    for name in ("two_parts", "four_parts"):
+    for name in ("two_parts",):
         for g, ref in zip(out[name]["grads"], whole["grads"], strict=True):
             ref = np.asarray(ref)
             np.testing.assert_allclose(
@@ -295,13 +295,12 @@ def test_gradient_accumulation_and_one_fused_all_reduce(data, tmp_path):
             np.testing.assert_allclose(np.asarray(c), np.asarray(ref), rtol=1e-5, atol=1e-5)
         assert out[name]["metrics"] == pytest.approx(whole["metrics"], rel=1e-5, abs=1e-6)
 
-    # Gradients of all parameters, the metric sums and the touched puzzle rows travel in one combined
-    # all-reduce per step, however many parameters or micro-batches: a deeper model adds parameter leaves
-    # but no all-reduce, and accumulation sums the parts on each device before the one all-reduce.
+    # Gradients of all parameters (many leaves), the metric sums and the touched puzzle rows travel in one
+    # combined all-reduce per step, however many micro-batches: accumulation sums the parts on each device
+    # before the one all-reduce.
     counts = {name: (probe["param_leaves"], probe.get("all_reduces")) for name, probe in out.items()}
-    assert out["deeper"]["param_leaves"] > whole["param_leaves"], counts
-    assert out["deeper"]["all_reduces"] == whole["all_reduces"] == 1, counts
-    assert out["two_parts"]["all_reduces"] == 1, counts
+    assert whole["param_leaves"] >= 8, counts  # the tiny model has 8 parameter leaves
+    assert whole["all_reduces"] == out["two_parts"]["all_reduces"] == 1, counts
 
 
 def test_batch_not_divisible_by_devices_is_rejected_before_compiling(data, tmp_path):
