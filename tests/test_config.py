@@ -13,21 +13,19 @@ import yaml
 from trm.config import (
     BASE_CONFIG,
     CONFIG_DIR,
-    REFERENCE_PATH,
     SCHEMA_PATH,
     config_hash,
     dump_config,
     experiment_ids,
     experiment_path,
     load_config,
-    load_groups,
     parse_set,
-    reference_markdown,
     schema,
     validate_config,
 )
-from trm.config.groups import config_keys
 from trm.errors import UserError
+from trm.study.groups import config_keys, load_groups
+from trm.study.reference import REFERENCE_PATH, reference_markdown
 
 # The ten (train_puzzles, num_aug) datasets of the study (experiments.md, "Datasets needed").
 DATASETS = {
@@ -440,7 +438,7 @@ def test_experiment_path_checks_id_and_existence():
 def test_configuration_reference_matches_the_generated_reference():
     readme = REFERENCE_PATH.read_text()
     assert readme == reference_markdown(), (
-        "docs/configuration.md is stale: run .venv/bin/python -m trm.config"
+        "docs/configuration.md is stale: run .venv/bin/python -m trm.study.reference"
     )
     for key in config_keys():
         assert f"`{key}`" in readme

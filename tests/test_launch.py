@@ -14,9 +14,9 @@ import pytest
 
 from trm.cli import main as trm
 from trm.errors import UserError
-from trm.launch import distributed
 from trm.launch.local import host_environment, run_processes
-from trm.train.runstate import read_run
+from trm.run import distributed
+from trm.run.state import read_run
 
 
 def _options(argv: list[str]) -> distributed.DistributedOptions:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from trm.cli import main as trm
-from trm.train.runstate import read_run
+from trm.run.state import read_run
 
 TINY = {
     "arch.hidden_size": 32,

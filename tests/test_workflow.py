@@ -22,10 +22,11 @@ from snakemake.settings.types import (
     ResourceSettings,
 )
 
-from trm.analysis.estimate import model_costs, run_flops, training_steps
-from trm.analysis.plan import dataset_name, plan_study
 from trm.cli import main as trm_main
-from trm.config import load_config, load_groups
+from trm.config import load_config
+from trm.study.estimate import model_costs, run_flops, training_steps
+from trm.study.groups import load_groups
+from trm.study.plan import dataset_name, plan_study
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from trm.analysis.plan import check_batches, plan_study
 from trm.errors import UserError
+from trm.study.plan import check_batches, plan_study
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))

@@ -20,13 +20,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("trm.data.verify", "Check a staged dataset against its manifest."),
     "model-info": ("trm.model.info", "Print the parameter count and FLOPs of a model configuration."),
     "train": (
-        "trm.train.trainer",
+        "trm.train.cli",
         "Train a TRM on a staged dataset; resumes from the run dir's latest checkpoint.",
     ),
     "launch": ("trm.launch.cli", "Run `trm train` on every host of a job (local processes or a TPU slice)."),
     "config": ("trm.config.show", "Resolve, validate and print a run config (base <- experiment <- --set)."),
     "smoke-pool": (
-        "trm.analysis.pool",
+        "trm.data.pool",
         "Write generated puzzles as train.csv/test.csv (smoke-scale source).",
     ),
     "collect-run": (
@@ -47,11 +47,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "verdicts": ("trm.analysis.verdicts", "Evaluate each group's success criteria on the results table."),
     "guides": (
-        "trm.analysis.guides",
+        "trm.study.guides",
         "Write the per-group study guides (docs/experiments/) from config/groups.yaml.",
     ),
     "status": (
-        "trm.analysis.status",
+        "trm.study.status",
         "Show every run in storage: state, progress, accuracy, time to finish.",
     ),
 }

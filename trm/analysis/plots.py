@@ -21,8 +21,8 @@ matplotlib.use("Agg")  # files only; no display on servers and TPU hosts
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from trm.config import load_groups  # noqa: E402
 from trm.errors import UserError  # noqa: E402
+from trm.study.groups import load_groups  # noqa: E402
 
 # Axis labels with units, for metrics and the config keys the groups plot against.
 LABELS = {

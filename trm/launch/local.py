@@ -2,7 +2,7 @@
 
 Each process runs `trm train <train args>` with JAX_PLATFORMS=cpu, JAX_NUM_CPU_DEVICES=D and, for H > 1, the
 coordinator 127.0.0.1:<free port>, its process id and short failure timeouts in TRM_* variables (see
-trm/launch/distributed.py); H = 1 is a plain single-process run. Output is streamed line by line with a
+trm/run/distributed.py); H = 1 is a plain single-process run. Output is streamed line by line with a
 "[host i]" prefix. When a host fails the others are killed; SIGTERM and SIGINT are forwarded to every host as
 SIGTERM (a preemption notice: all hosts save at one step and exit 42).
 """
@@ -18,9 +18,9 @@ import sys
 import threading
 import time
 
-from trm.launch import distributed
+from trm.run import distributed
+from trm.run.state import EXIT_PREEMPTED
 
-EXIT_PREEMPTED = 42
 # Short on purpose: on one machine a silent host is dead, and tests must not wait minutes for it.
 LOCAL_TIMEOUTS = {
     distributed.ENV_HEARTBEAT_TIMEOUT: "10",

@@ -9,7 +9,7 @@ Run on the controller (the machine running Snakemake), one launcher per job:
     only when missing), installed on every host once per version (trm/launch/wheel.py, tpu_host.py).
  3. Write the run's resolved config to RUN_DIR/config.json: every host fetches and trains that one config.
  4. Start `trm train` detached on all hosts (`gcloud compute tpus tpu-vm ssh --worker=all`), with TRM_SLICE.
- 5. Poll the run's markers (trm/train/runstate.py) and the slice's state. When the slice is preempted or a host
+ 5. Poll the run's markers (trm/run/state.py) and the slice's state. When the slice is preempted or a host
     is lost (stale heartbeat), recreate the slice (create mode) or wait for it (pool), and relaunch: the
     trainer resumes from the latest checkpoint. At most `--tpu-max-relaunches` times. Starting that fails
     twice in a row on a slice that stays READY (a broken install) fails the job instead.
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
-import json
 import os
 import signal
 import subprocess
@@ -35,13 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trm import storage
-from trm.config import BASE_CONFIG, config_hash, dump_config, load_config
+from trm.config import BASE_CONFIG, config_hash, load_config
 from trm.errors import UserError
 from trm.launch import gcloud, tpu_host, wheel
-from trm.train import runstate
+from trm.run import layout
+from trm.run import state as runstate
+from trm.run.state import EXIT_PREEMPTED
 
 EXIT_FAILED = 1
-EXIT_PREEMPTED = 42
 SSH_TIMEOUT_S = 1800.0  # installing the dependencies on a fresh slice takes minutes
 # Starting on a slice that stays READY failed this many times in a row: a broken install or start (a missing
 # Python, a bad wheel), not a preemption, so the job fails instead of spending its relaunches.
@@ -315,7 +315,7 @@ class Babysitter:
         self.started = True
         script = tpu_host.start_script(
             version,
-            storage.join(self.job.run_dir, "config.json"),
+            layout.path(self.job.run_dir, layout.CONFIG),
             self.job.config_hash,
             self.job.host_args,
             self.slice,
@@ -411,19 +411,6 @@ class _SliceLost(Exception):
     """The slice's queued resource failed or was suspended while we waited for it."""
 
 
-def _publish_config(job: Job) -> None:
-    """Write the resolved config to the run dir (what every host trains), refusing another config's run dir."""
-    url = storage.join(job.run_dir, "config.json")
-    if storage.exists(url):
-        existing = config_hash(json.loads(storage.read_text(url)))
-        if existing != job.config_hash:
-            raise UserError(
-                f"{url} holds config {existing}, not this run's {job.config_hash}: use a new --run-dir"
-            )
-        return
-    storage.write_text(url, dump_config(job.config))
-
-
 def launch(args: argparse.Namespace, train_args: list[str]) -> int:
     """Entry point of the registry in trm/launch/cli.py."""
     options = options_from_args(args)
@@ -431,7 +418,7 @@ def launch(args: argparse.Namespace, train_args: list[str]) -> int:
     log(
         f"run {job.run_dir} (config {job.config_hash}), slices {list(options.slices)} in {options.where.zone}"
     )
-    _publish_config(job)
+    layout.claim(job.run_dir, job.config)  # what every host trains
     previous = {sig: signal.signal(sig, _raise_cancelled) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         with acquire_slice(options) as name:

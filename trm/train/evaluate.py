@@ -46,13 +46,12 @@ from trm import storage
 from trm.data.format import SplitData, load_split, sudoku_metadata
 from trm.data.manifest import MANIFEST_NAME
 from trm.data.sudoku import read_csv
-from trm.data.verify import fetch_dataset
+from trm.data.verify import DATASET_CACHE, fetch_dataset
 from trm.errors import UserError
 from trm.model.act import act_step, initial_carry
 from trm.train.data import IGNORE_LABEL, eval_batches
 from trm.train.loss import CROSS_ENTROPY
 from trm.train.step import Model
-from trm.train.trainer import DEFAULT_CACHE
 from trm.train.weights import RunWeights, load_weights
 
 DEFAULT_STEPS = "16,32,64,128"
@@ -88,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out", default=None, help="JSON output file (CSV beside it); default: JSON to stdout"
     )
     parser.add_argument(
-        "--cache-dir", default=DEFAULT_CACHE, help="local cache for staged datasets (default %(default)s)"
+        "--cache-dir", default=DATASET_CACHE, help="local cache for staged datasets (default %(default)s)"
     )
 
 

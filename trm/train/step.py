@@ -6,7 +6,7 @@ backward of the ACT step, the dense optimizer, the puzzle-embedding sign-SGD and
 one jitted function with no host round trip. Recursion depth (H_cycles, L_cycles) is static: the curriculum
 gets one compiled step per distinct value, cached in `TrainStep`.
 
-Data parallelism: the state lives on a one-axis mesh "data" of all devices (trm/launch/distributed.py); the
+Data parallelism: the state lives on a one-axis mesh "data" of all devices (trm/run/distributed.py); the
 parameters, optimizer states and EMA are replicated, the ACT carry and the batch are split by rows. XLA inserts
 the gradient all-reduce and fuses it into one combined all-reduce per (micro-)batch. Gradient accumulation
 (`train.micro_batches` = k) runs the supervision step on k interleaved row subsets in a `lax.scan` and sums the
@@ -26,10 +26,10 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from trm.errors import UserError
-from trm.launch.distributed import DATA_AXIS, batch_sharded, data_mesh, put_global, put_host_rows, replicated
 from trm.model.act import Carry, act_step, evaluate_batch, initial_carry
 from trm.model.config import ModelConfig
 from trm.model.trm import TRM, split_state
+from trm.run.distributed import DATA_AXIS, batch_sharded, data_mesh, put_global, put_host_rows, replicated
 from trm.train.ema import ema_init, ema_update, eval_params
 from trm.train.loss import act_loss
 from trm.train.optim import build_optimizer, build_puzzle_emb_optimizer

@@ -12,10 +12,11 @@ import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from trm.analysis.estimate import CostCache, accelerator_hours, run_flops
-from trm.analysis.plan import check_batches, parse_dataset_name, plan_study
-from trm.analysis.scale import SMOKE_POOL, TEST_PUZZLES
+from trm.study.estimate import CostCache, accelerator_hours, run_flops
+from trm.study.plan import check_batches, parse_dataset_name, plan_study
+from trm.study.scale import SMOKE_POOL, TEST_PUZZLES
 from trm.errors import UserError
+from trm.run import layout
 from trm.storage import GCS_SCHEMES, check_url
 from trm.storage import join as url_join
 
@@ -193,7 +194,7 @@ def first_with_same_run(exp_id):
 
 def same_run_trained_first(wildcards):
     first = first_with_same_run(wildcards.exp)
-    return [] if first == wildcards.exp else [os.path.join(RESULTS, "runs", first, "final.json")]
+    return [] if first == wildcards.exp else [os.path.join(RESULTS, "runs", first, layout.FINAL)]
 
 
 def shared_evaluation(wildcards):

@@ -11,9 +11,9 @@ rule train:
         base="config/base.yaml",
         same_run=same_run_trained_first,
     output:
-        config=os.path.join(RESULTS, "runs", "{exp}", "config.json"),
-        metrics=os.path.join(RESULTS, "runs", "{exp}", "metrics.jsonl"),
-        final=os.path.join(RESULTS, "runs", "{exp}", "final.json"),
+        config=os.path.join(RESULTS, "runs", "{exp}", layout.CONFIG),
+        metrics=os.path.join(RESULTS, "runs", "{exp}", layout.METRICS),
+        final=os.path.join(RESULTS, "runs", "{exp}", layout.FINAL),
     params:
         trm=TRM,
         command=lambda wildcards: train_command(PLAN[wildcards.exp]),

@@ -13,18 +13,17 @@ import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
-from trm.analysis.scale import SMOKE_POOL, scale_overrides
 from trm.config import (
     EXPERIMENTS_DIR,
-    GROUPS_PATH,
     config_hash,
     experiment_ids,
     load_config,
-    load_groups,
     parse_set,
     validate_config,
 )
 from trm.errors import UserError
+from trm.study.groups import GROUPS_PATH, load_groups
+from trm.study.scale import SMOKE_POOL, scale_overrides
 
 
 @dataclass(frozen=True)
