@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from model_configs import model_config
 
 from trm.model.act import act_step, evaluate_batch, initial_carry
-from trm.model.config import ModelConfig
 from trm.model.trm import TRM, split_state
 from trm.train.loss import act_loss
 
@@ -29,7 +29,7 @@ def tiny_model(q_halt_bias: float = -5.0, **changes) -> TRM:
         halt_max_steps=4,
         forward_dtype="float32",
     )
-    model = TRM(ModelConfig(**{**base, **changes}), rngs=nnx.Rngs(0))
+    model = TRM(model_config(**{**base, **changes}), rngs=nnx.Rngs(0))
     model.q_head.bias[...] = jnp.array([q_halt_bias, -5.0], jnp.float32)
     return model
 

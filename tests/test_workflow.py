@@ -23,7 +23,7 @@ from snakemake.settings.types import (
 )
 
 from trm.cli import main as trm_main
-from trm.config import load_config
+from trm.config import config_hash, dump_config, load_config
 from trm.study.estimate import model_costs, run_flops, training_steps
 from trm.study.groups import load_groups
 from trm.study.plan import dataset_name, plan_study
@@ -223,9 +223,16 @@ def test_smoke_datasets_map_one_to_one_and_scale_changes_the_hash():
     assert len(baselines) == 1  # every group's baseline is the same smoke run config
 
 
-def test_planned_configs_equal_what_trm_train_resolves_from_the_same_arguments():
-    for exp in plan_study("smoke"):
-        assert load_config(exp.path, exp.overrides) == exp.config, exp.id
+def test_each_run_config_is_resolved_once_into_the_file_its_job_trains(workdir):
+    experiments = ["exp01a", "exp06_f", "exp01c", "exp05_d"]  # two baselines: one run, one file
+    planned_jobs(workdir, {"experiments": experiments})  # parsing the workflow writes the files
+    plan = plan_study("smoke", experiments)
+    files = sorted((workdir / "results/smoke/configs").iterdir())
+    assert [f.name for f in files] == sorted({f"{exp.hash}.json" for exp in plan}) and len(files) == 3
+    for exp in plan:
+        path = workdir / f"results/smoke/configs/{exp.hash}.json"
+        assert path.read_text() == dump_config(exp.config)
+        assert load_config(path, base=None) == exp.config and config_hash(exp.config) == exp.hash
 
 
 def test_estimate_matches_the_spec_flops_of_a_paper_baseline_run():

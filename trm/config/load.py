@@ -1,73 +1,43 @@
 """Load, merge and validate run configurations: base.yaml <- experiment file <- `--set key.path=value` overrides.
 
-One JSON Schema (schema.json) describes a full, resolved config. Experiment files and `--set` overrides are checked
-against the same schema with nothing required; the merged result must then be complete and pass the cross-field
-checks in `_impossible_values`. Every error is a `UserError` naming the file (or `--set`) and the dotted key.
+The layers are checked against the schema (trm/config/schema.py) with nothing required; the merged result must be
+complete and pass the cross-field rules (trm/config/checks.py). Every error is a `UserError` naming the file (or
+`--set`) and the dotted key. A command resolves its `--config` and `--set` once (`resolve_config_arguments`); what it
+writes, a run dir's config.json, is the resolved file every later step reads.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import difflib
-import functools
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-import jsonschema
 import yaml
 
+from trm import storage
+from trm.config.checks import impossible_values
+from trm.config.schema import (
+    check_document,
+    floats_where_numbers,
+    full_schema,
+    got,
+    leaves,
+    partial_schema,
+    raise_if,
+)
 from trm.errors import UserError
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
 BASE_CONFIG = CONFIG_DIR / "base.yaml"
 EXPERIMENTS_DIR = CONFIG_DIR / "experiments"
-SCHEMA_PATH = Path(__file__).with_name("schema.json")
 # Experiment ids become file names, run names, GCS paths and shell arguments.
 EXPERIMENT_ID = re.compile(r"^[a-z0-9_]+$")
-
-
-# ----------------------------------------------------------------------------------------------------- schema
-
-
-@functools.cache
-def _schema() -> dict:
-    return json.loads(SCHEMA_PATH.read_text())
-
-
-def schema() -> dict:
-    """The JSON Schema of a full, resolved config (a fresh copy)."""
-    return copy.deepcopy(_schema())
-
-
-def _without_required(node: Any) -> Any:
-    if isinstance(node, dict):
-        return {k: _without_required(v) for k, v in node.items() if k != "required"}
-    return node
-
-
-@functools.cache
-def _override_schema() -> dict:
-    return _without_required(_schema())
-
-
-def override_schema() -> dict:
-    """The schema of an experiment file or `--set` override: the full schema with nothing required."""
-    return copy.deepcopy(_override_schema())
-
-
-def _is_integer(_checker: Any, instance: Any) -> bool:
-    # JSON Schema counts 512.0 as an integer; a shape or a step count must be a real int.
-    return isinstance(instance, int) and not isinstance(instance, bool)
-
-
-_Validator = jsonschema.validators.extend(
-    jsonschema.Draft202012Validator,
-    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer),
-)
 
 
 # ------------------------------------------------------------------------------------------------------- YAML
@@ -102,11 +72,16 @@ def _parse_yaml(text: str | IO[str], source: str) -> Any:
         raise UserError(f"{source}: not valid YAML: {err}") from None
 
 
-def _read_document(path: Path) -> dict:
-    """Read a YAML (or JSON) mapping; an empty document means no overrides."""
+def _read_document(path: str | Path) -> dict:
+    """Read a YAML (or JSON) mapping from a path or storage URL; an empty document means no overrides."""
+    path = str(path)
     try:
-        with open(path) as stream:  # a stream, so YAML error marks name the file
-            doc = json.load(stream) if path.suffix == ".json" else _parse_yaml(stream, str(path))
+        if "://" in path:  # a resolved config in storage, e.g. a run dir's config.json
+            text = storage.read_text(path)
+            doc = json.loads(text) if path.endswith(".json") else _parse_yaml(text, path)
+        else:
+            with open(path) as stream:  # a stream, so YAML error marks name the file
+                doc = json.load(stream) if path.endswith(".json") else _parse_yaml(stream, path)
     except FileNotFoundError:
         raise UserError(f"{path}: config file not found") from None
     except json.JSONDecodeError as err:
@@ -114,178 +89,11 @@ def _read_document(path: Path) -> dict:
     if doc is None:
         return {}
     if not isinstance(doc, dict):
-        raise UserError(f"{path}: expected a mapping of config keys at the top level, got {_got(doc)}")
+        raise UserError(f"{path}: expected a mapping of config keys at the top level, got {got(doc)}")
     return doc
 
 
-# --------------------------------------------------------------------------------------------------- checking
-
-
-def _text(value: Any) -> str:
-    """A value as the user wrote it in YAML: true, null, 'text'."""
-    return repr(value) if isinstance(value, str) else json.dumps(value, default=repr)
-
-
-def _got(value: Any) -> str:
-    kinds = {bool: "boolean", int: "integer", float: "number", str: "string", dict: "mapping", list: "list"}
-    kind = "null" if value is None else kinds.get(type(value), type(value).__name__)
-    return f"{_text(value)} ({kind})"
-
-
-def expected_values(node: dict) -> str:
-    """Describe in words what a schema node accepts, e.g. 'an integer >= 1 or null'."""
-    if "properties" in node:
-        return f"a mapping with keys {', '.join(node['properties'])}"
-    if "enum" in node:
-        values = [v if isinstance(v, str) else json.dumps(v) for v in node["enum"]]
-        return f"only {values[0]}" if len(values) == 1 else "one of " + ", ".join(values)
-    types = node["type"] if isinstance(node["type"], list) else [node["type"]]
-    bounds = [
-        f"{op} {node[word]}"
-        for word, op in [
-            ("minimum", ">="),
-            ("exclusiveMinimum", ">"),
-            ("maximum", "<="),
-            ("exclusiveMaximum", "<"),
-        ]
-        if word in node
-    ]
-    names = {"integer": "an integer", "number": "a number", "boolean": "true or false", "null": "null"}
-    words = [
-        names[t] + (" " + " and ".join(bounds) if bounds and t in ("integer", "number") else "")
-        for t in types
-    ]
-    return " or ".join(words)
-
-
-def _unknown_key_errors(doc: Any, node: dict, source: str, prefix: str = "") -> list[str]:
-    """Keys of `doc` that the schema does not know, with the allowed keys at that level."""
-    if not isinstance(doc, dict) or "properties" not in node:
-        return []  # a type mismatch; the schema validator reports it
-    allowed = node["properties"]
-    errors = []
-    for key, value in doc.items():
-        dotted = f"{prefix}{key}"
-        if key in allowed:
-            errors += _unknown_key_errors(value, allowed[key], source, dotted + ".")
-            continue
-        close = difflib.get_close_matches(str(key), list(allowed), n=1)
-        hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
-        level = f"in '{prefix[:-1]}'" if prefix else "at the top level"
-        errors.append(f"{source}: unknown key '{dotted}'{hint}; allowed keys {level}: {', '.join(allowed)}")
-    return errors
-
-
-def _schema_errors(doc: dict, node: dict, source: str) -> list[str]:
-    """Type, range, enum and missing-key errors of `doc` (unknown keys are left to `_unknown_key_errors`)."""
-    errors = []
-    for err in sorted(_Validator(node).iter_errors(doc), key=lambda e: list(map(str, e.absolute_path))):
-        dotted = ".".join(map(str, err.absolute_path))
-        if err.validator == "additionalProperties":
-            continue
-        if err.validator == "required":
-            prefix = dotted + "." if dotted else ""
-            missing = [k for k in err.validator_value if k not in err.instance]
-            errors += [f"{source}: missing key '{prefix}{k}'" for k in missing]
-            continue
-        errors.append(
-            f"{source}: {dotted or 'the config'}: expected {expected_values(err.schema)}, got {_got(err.instance)}"
-        )
-    return errors
-
-
-def _raise_if(errors: list[str]) -> None:
-    if len(errors) == 1:
-        raise UserError(errors[0])
-    if errors:
-        raise UserError(f"{len(errors)} problems in the configuration:\n  " + "\n  ".join(errors))
-
-
-def _check_document(doc: dict, source: str, node: dict) -> None:
-    _raise_if(_unknown_key_errors(doc, node, source) or _schema_errors(doc, node, source))
-
-
-def _get(config: dict, dotted: str) -> Any:
-    for key in dotted.split("."):
-        config = config[key]
-    return config
-
-
-def _impossible_values(config: dict, origin: dict[str, str], base: str | None = None) -> list[str]:
-    """Cross-field checks the schema cannot express; each message names the keys and where they were set.
-
-    `base` is the source name of the base layer when the config was merged from layers (None for a resolved
-    config): a key inherited from it may belong to a setting a later layer changed.
-    """
-
-    def ref(key: str) -> str:
-        return f"{key} = {_text(_get(config, key))} (from {origin.get(key, '?')})"
-
-    def value(key: str) -> Any:
-        return _get(config, key)
-
-    errors = []
-    if value("arch.hidden_size") % value("arch.num_heads"):
-        errors.append(f"{ref('arch.hidden_size')} must be divisible by {ref('arch.num_heads')}")
-    elif not value("arch.mlp_t") and value("arch.pos_encodings") == "rope":
-        if (value("arch.hidden_size") // value("arch.num_heads")) % 2:
-            errors.append(
-                f"rotary encoding needs an even head_dim: {ref('arch.hidden_size')} / {ref('arch.num_heads')} is odd"
-            )
-    # The base's `none` goes with its MLP-T recipe: a later layer that turns MLP-T off must say which encoding
-    # its attention uses (without positions, attention cannot tell the cells apart).
-    if (
-        base is not None
-        and not value("arch.mlp_t")
-        and value("arch.pos_encodings") == "none"
-        and origin.get("arch.mlp_t") != base
-        and origin.get("arch.pos_encodings") == base
-    ):
-        errors.append(
-            f"{ref('arch.mlp_t')} selects attention, but {ref('arch.pos_encodings')} belongs to the base's MLP-T "
-            "recipe: set arch.pos_encodings beside arch.mlp_t (rope, as the original's attention TRM; none or "
-            "learned only on purpose)"
-        )
-    emb_ndim = value("arch.puzzle_emb_ndim") or value("arch.hidden_size")
-    # puzzle_emb_len 0 means just enough positions, which always fits.
-    if 0 < value("arch.puzzle_emb_len") * value("arch.hidden_size") < emb_ndim:
-        errors.append(
-            f"the puzzle embedding ({ref('arch.puzzle_emb_ndim')}) must fit in "
-            f"{ref('arch.puzzle_emb_len')} positions of {ref('arch.hidden_size')}"
-        )
-    if value("train.global_batch_size") % value("train.micro_batches"):
-        errors.append(f"{ref('train.global_batch_size')} must be divisible by {ref('train.micro_batches')}")
-    if value("train.epochs") % value("train.eval_interval"):
-        errors.append(f"{ref('train.eval_interval')} must divide {ref('train.epochs')}")
-    if value("schedules.curriculum.enabled"):
-        for short in ("H_cycles", "L_cycles"):
-            if value(f"schedules.curriculum.start_{short}") > value(f"arch.{short}"):
-                errors.append(
-                    f"{ref(f'schedules.curriculum.start_{short}')} must be <= {ref(f'arch.{short}')}"
-                )
-        if value("schedules.curriculum.epochs") > value("train.epochs"):
-            errors.append(f"{ref('schedules.curriculum.epochs')} must be <= {ref('train.epochs')}")
-    return errors
-
-
-def _floats_where_numbers(config: Any, node: dict) -> Any:
-    """Turn ints into floats where the schema says `number`, so `lr: 1` and `lr: 1.0` resolve (and hash) alike."""
-    if "properties" in node:
-        return {k: _floats_where_numbers(v, node["properties"][k]) for k, v in config.items()}
-    if node.get("type") == "number" and isinstance(config, int) and not isinstance(config, bool):
-        return float(config)
-    return config
-
-
 # ---------------------------------------------------------------------------------------------------- merging
-
-
-def _leaves(doc: Any, prefix: str = "") -> Iterable[str]:
-    if not isinstance(doc, dict):
-        yield prefix[:-1]
-        return
-    for key, value in doc.items():
-        yield from _leaves(value, f"{prefix}{key}.")
 
 
 def _merge(into: dict, overrides: dict, source: str, origin: dict[str, str]) -> None:
@@ -297,7 +105,7 @@ def _merge(into: dict, overrides: dict, source: str, origin: dict[str, str]) -> 
                 merge(target[key], value, f"{prefix}{key}.")
             else:
                 target[key] = copy.deepcopy(value)
-                for leaf in _leaves(value, f"{prefix}{key}."):
+                for leaf in leaves(value, f"{prefix}{key}."):
                     origin[leaf] = source
 
     merge(into, overrides, "")
@@ -325,10 +133,10 @@ def validate_config(
 
     `origin` maps each dotted key to the source that set it; `base` names the base layer among them.
     """
-    full = _schema()
-    _check_document(config, source, full)
-    config = _floats_where_numbers(config, full)
-    _raise_if(_impossible_values(config, origin or dict.fromkeys(_leaves(config), source), base))
+    full = full_schema()
+    check_document(config, source, full)
+    config = floats_where_numbers(config, full)
+    raise_if(impossible_values(config, origin or dict.fromkeys(leaves(config), source), base))
     return config
 
 
@@ -339,33 +147,33 @@ def load_config(
 ) -> dict:
     """Resolve a run config: `base` <- experiment file `path` <- `--set` overrides, validated.
 
-    With `base=None`, `path` is a complete, resolved config (e.g. the config.json written to a run directory, so a
-    TPU host needs no repository) and is validated as such.
+    With `base=None`, `path` is a complete, resolved config (e.g. the config.json of a run directory, a local path
+    or a storage URL, so a TPU host needs no repository) and is validated as such.
     """
     if base is None:
         if path is None:
             raise UserError("no config given: pass an experiment file, or a resolved config with base=None")
-        foundation = Path(path)
+        foundation = str(path)
         config = _read_document(foundation)
         layers = []
     else:
-        foundation = Path(base)
-        if not foundation.exists():
+        foundation = str(base)
+        if not Path(foundation).exists():
             raise UserError(
                 f"base config {foundation} not found; on a host without the repository, "
                 "load the resolved config written to the run directory instead (base=None)"
             )
         config = _read_document(foundation)
-        layers = [] if path is None else [(str(path), _read_document(Path(path)))]
+        layers = [] if path is None else [(str(path), _read_document(path))]
     layers += [(f"--set {item}", parse_set(item)) for item in overrides]
 
-    partial = _override_schema()
-    _check_document(config, str(foundation), partial)
-    origin = dict.fromkeys(_leaves(config), str(foundation))
+    partial = partial_schema()
+    check_document(config, foundation, partial)
+    origin = dict.fromkeys(leaves(config), foundation)
     for source, doc in layers:
-        _check_document(doc, source, partial)
+        check_document(doc, source, partial)
         _merge(config, doc, source, origin)
-    return validate_config(config, str(foundation), origin, base=None if base is None else str(foundation))
+    return validate_config(config, foundation, origin, base=None if base is None else foundation)
 
 
 def dump_config(config: dict) -> str:
@@ -407,3 +215,35 @@ def experiment_path(exp_id: str, directory: str | Path = EXPERIMENTS_DIR) -> Pat
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
         raise UserError(f"unknown experiment {exp_id!r}: {path} not found{hint}")
     return path
+
+
+# ---------------------------------------------------------------------------------------------- command line
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    """`--config FILE` and `--set KEY.PATH=VALUE`, the run config of a command (read by `resolve_config_arguments`)."""
+    parser.add_argument(
+        "--config",
+        required=required,
+        help="experiment YAML (its overrides of config/base.yaml) or a resolved config .json (a path or URL, "
+        "e.g. a run dir's config.json)",
+    )
+    add_overrides_argument(parser)
+
+
+def add_overrides_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override one key (repeatable), e.g. --set optim.lr=3e-4",
+    )
+
+
+def resolve_config_arguments(args: argparse.Namespace) -> dict:
+    """The config of `--config` and `--set`: a .json file is a resolved config, anything else an experiment file
+    over config/base.yaml (none: the baseline alone); `--set` applies last in both cases."""
+    resolved = args.config is not None and str(args.config).endswith(".json")
+    return load_config(args.config, args.overrides, base=None if resolved else BASE_CONFIG)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from trm.config.load import (
     EXPERIMENT_ID,
+    add_overrides_argument,
     config_hash,
     dump_config,
     experiment_ids,
@@ -30,14 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "experiment", nargs="?", help="experiment id or override file (default: the baseline alone)"
     )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY.PATH=VALUE",
-        help="override one key (repeatable), e.g. --set optim.lr=3e-4",
-    )
+    add_overrides_argument(parser)
     parser.add_argument(
         "--resolved", action="store_true", help="the file is a complete resolved config: use no base"
     )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from trm.config.load import CONFIG_DIR, EXPERIMENTS_DIR, experiment_ids, schema
+from trm.config import CONFIG_DIR, EXPERIMENTS_DIR, experiment_ids, schema
 from trm.errors import UserError
 
 GROUPS_PATH = CONFIG_DIR / "groups.yaml"

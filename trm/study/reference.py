@@ -9,7 +9,8 @@ import json
 
 import yaml
 
-from trm.config.load import CONFIG_DIR, EXPERIMENT_ID, expected_values, schema
+from trm.config import CONFIG_DIR, EXPERIMENT_ID, load_config, schema
+from trm.config.schema import expected_values
 from trm.study.groups import GROUPS_PATH, load_groups
 
 INTRO = f"""\
@@ -46,20 +47,18 @@ def _value(value: object) -> str:
     return f"`{json.dumps(value)}`"
 
 
-def _section(name: str, node: dict, level: int) -> list[str]:
+def _section(name: str, node: dict, baseline: dict, level: int) -> list[str]:
     lines = [f"{'#' * level} `{name}`", "", node["description"], ""]
     leaves = {k: v for k, v in node["properties"].items() if "properties" not in v}
     if leaves:
         lines += ["| key | accepts | baseline | meaning |", "|---|---|---|---|"]
         for key, leaf in leaves.items():
             accepts = expected_values(leaf).replace("|", "\\|")
-            lines.append(
-                f"| `{name}.{key}` | {accepts} | {_value(leaf['default'])} | {leaf['description']} |"
-            )
+            lines.append(f"| `{name}.{key}` | {accepts} | {_value(baseline[key])} | {leaf['description']} |")
         lines.append("")
     for key, child in node["properties"].items():
         if "properties" in child:
-            lines += _section(f"{name}.{key}", child, level + 1)
+            lines += _section(f"{name}.{key}", child, baseline[key], level + 1)
     return lines
 
 
@@ -81,11 +80,13 @@ def _groups_table() -> list[str]:
 
 REFERENCE_PATH = CONFIG_DIR.parent / "docs" / "configuration.md"
 WORKFLOW_SCHEMA = CONFIG_DIR.parent / "workflow" / "schemas" / "config.schema.yaml"
+WORKFLOW_SETTINGS = CONFIG_DIR / "config.yaml"  # the workflow's defaults
 
 
 def _workflow_section() -> list[str]:
-    """The settings of the Snakemake workflow (config/config.yaml), from their schema's descriptions."""
+    """The settings of the Snakemake workflow: their defaults in config/config.yaml, their meaning in its schema."""
     node = yaml.safe_load(WORKFLOW_SCHEMA.read_text())
+    defaults = yaml.safe_load(WORKFLOW_SETTINGS.read_text())
     lines = [
         "## Workflow settings (`config/config.yaml`)",
         "",
@@ -98,22 +99,23 @@ def _workflow_section() -> list[str]:
         "|---|---|---|",
     ]
 
-    def rows(properties: dict, prefix: str) -> None:
+    def rows(properties: dict, values: dict, prefix: str) -> None:
         for key, leaf in properties.items():
             if "properties" in leaf:
-                rows(leaf["properties"], f"{prefix}{key}.")
+                rows(leaf["properties"], values[key], f"{prefix}{key}.")
             else:
-                lines.append(f"| `{prefix}{key}` | {_value(leaf['default'])} | {leaf['description']} |")
+                lines.append(f"| `{prefix}{key}` | {_value(values[key])} | {leaf['description']} |")
 
-    rows(node["properties"], "")
+    rows(node["properties"], defaults, "")
     return lines + [""]
 
 
 def reference_markdown() -> str:
     """The text of docs/configuration.md: every config key with its type, baseline value and meaning, and the groups."""
     lines = [INTRO]
+    baseline = load_config()
     for name, node in schema()["properties"].items():
-        lines += _section(name, node, 2)
+        lines += _section(name, node, baseline[name], 2)
     lines += _groups_table()
     lines += _workflow_section()
     return "\n".join(lines)

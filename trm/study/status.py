@@ -32,10 +32,10 @@ from trm.config import CONFIG_DIR
 from trm.errors import UserError
 from trm.run import layout
 from trm.run.state import STALE_AFTER_S, RunState, read_run
+from trm.study.scale import SCALES
 
 RUN_MARKERS = (layout.CONFIG, layout.STATUS, layout.LAUNCH)
 NOT_RUN_DIRS = {layout.CHECKPOINTS, layout.LOGS, "datasets", "code"}  # folders the search never descends into
-SCALES = ("smoke", "paper")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

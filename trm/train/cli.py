@@ -28,35 +28,16 @@ import traceback
 
 import jax
 
-from trm.config import BASE_CONFIG, config_hash, load_config
 from trm.data.verify import DATASET_CACHE
 from trm.errors import UserError
-from trm.run import distributed
+from trm.run import distributed, spec
 from trm.run.state import mark_setup_failed
 from trm.train.hostlog import HostLog
 from trm.train.trainer import Trainer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config",
-        required=True,
-        help="experiment YAML (overrides of config/base.yaml) or a "
-        "resolved config.json (complete; no base needed)",
-    )
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override one config value, e.g. --set train.epochs=10 (repeatable)",
-    )
-    parser.add_argument("--data", required=True, help="URL of the staged dataset (gs://, file:// or a path)")
-    parser.add_argument(
-        "--run-dir",
-        required=True,
-        help="URL of the run directory (created if missing); {config_hash} is replaced by the config's hash",
-    )
+    spec.add_arguments(parser)
     parser.add_argument(
         "--cache-dir",
         default=DATASET_CACHE,
@@ -84,15 +65,18 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace, host_log: HostLog) -> int:
-    config = load_config(args.config, args.set, base=None if args.config.endswith(".json") else BASE_CONFIG)
+    run = spec.resolve(args)
     if args.log_every < 1:
         raise UserError(f"--log-every {args.log_every}: must be >= 1")
-    run_dir = args.run_dir.replace("{config_hash}", config_hash(config))
     try:
-        trainer = Trainer(config, args.data, run_dir, args.cache_dir, args.log_every, args.wandb, host_log)
+        trainer = Trainer(
+            run.config, run.data, run.run_dir, args.cache_dir, args.log_every, args.wandb, host_log
+        )
     except BaseException as err:
         # A setup failure (no dataset, bad data, storage unreachable) still ends the run with a reason.
-        mark_setup_failed(run_dir, config, f"{type(err).__name__}: {err}", writer=jax.process_index() == 0)
+        mark_setup_failed(
+            run.run_dir, run.config, f"{type(err).__name__}: {err}", writer=jax.process_index() == 0
+        )
         raise
     return trainer.run()
 

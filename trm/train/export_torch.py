@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from trm.data.sudoku import NUM_CELLS
 from trm.model.torch_io import DEFAULT_EXPORT_PREFIX, params_to_state_dict, write_torch_file
 from trm.train.weights import load_weights
 
@@ -31,8 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seq-len",
         type=int,
-        default=81,
-        help="puzzle length, only needed when the architecture does not fix it (attention); default 81",
+        default=NUM_CELLS,
+        help="puzzle length, only needed when the architecture does not fix it (attention); default %(default)s",
     )
 
 

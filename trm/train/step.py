@@ -25,6 +25,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from trm.config import batch_split_problem
 from trm.errors import UserError
 from trm.model.act import Carry, act_step, evaluate_batch, initial_carry
 from trm.model.config import ModelConfig
@@ -103,13 +104,8 @@ def state_shardings(state: TrainState, mesh: Mesh) -> TrainState:
 
 def check_train_config(train: dict, num_devices: int) -> None:
     """Refuse, before anything compiles or is written, what the train step cannot run on `num_devices`."""
-    # Every device must get the same whole number of rows of every micro-batch.
-    batch, parts = train["global_batch_size"], train["micro_batches"]
-    if batch % (parts * num_devices):
-        raise UserError(
-            f"train.global_batch_size={batch} must be divisible by train.micro_batches "
-            f"({parts}) x the number of devices ({num_devices}) = {parts * num_devices}"
-        )
+    if problem := batch_split_problem(train, num_devices):
+        raise UserError(problem)
 
 
 class TrainStep:

@@ -12,6 +12,8 @@ import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from trm.config import dump_config
+from trm.launch import tpu_options
 from trm.study.estimate import CostCache, accelerator_hours, run_flops
 from trm.study.plan import check_batches, parse_dataset_name, plan_study
 from trm.study.scale import SMOKE_POOL, TEST_PUZZLES
@@ -97,6 +99,14 @@ for _key, _check in _LOCATIONS:
     except UserError as err:
         raise WorkflowError(f"{_setting_source(_key)}: {err}") from None
 
+# The tpu-vm launcher's own checks of its settings (names gcloud accepts, timeouts), at dry-run time.
+_TPU = {**config["launch"]["tpu"], "code_url": config["launch"]["tpu"]["code_url"] or url_join(config["storage"], "code")}
+if config["launch"]["backend"] == "tpu-vm":
+    try:
+        tpu_options.check(_TPU)
+    except UserError as err:
+        raise WorkflowError(f"{_setting_source('launch.tpu')}: {err}") from None
+
 # Commands run with the `trm` of the environment running Snakemake, so an unactivated venv works
 # (`.venv/bin/snakemake`). Named by its folder, not by the interpreter's name: `python` and `python3` of one
 # venv must give the same command, or Snakemake sees changed params and reruns everything.
@@ -122,7 +132,7 @@ try:
     check_batches(
         list(PLAN.values()),
         DEVICES,
-        f"launch.hosts {config['launch']['hosts']} x launch.devices_per_host "
+        f"{DEVICES} devices: launch.hosts {config['launch']['hosts']} x launch.devices_per_host "
         f"{config['launch']['devices_per_host']} from {_setting_source('launch.hosts')}, scale {config['scale']}",
     )
 except UserError as err:
@@ -210,51 +220,34 @@ def run_url(exp_id):
     return url_join(STORAGE, "runs", PLAN[exp_id].run_name)
 
 
+def config_file(exp_id):
+    """The resolved config of an experiment's run, written once at parse time (below): what its job trains."""
+    return os.path.join(RESULTS, "configs", f"{PLAN[exp_id].hash}.json")
+
+
+def _write_configs():
+    """Each distinct run's resolved config as a file named by its hash. A file is written only when missing: its
+    content follows from its name, so it never changes and never makes Snakemake rerun a job."""
+    for exp in PLAN.values():
+        path = config_file(exp.id)
+        if not os.path.exists(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(f"{path}.tmp", "w") as stream:
+                stream.write(dump_config(exp.config))
+            os.replace(f"{path}.tmp", path)
+
+
+_write_configs()
+
+
 def train_command(exp):
     """The argv of the one command that trains an experiment; after `--`, `trm train`'s arguments."""
     launch = config["launch"]
-    train_args = [
-        "--config",
-        str(exp.path),
-        *[arg for item in exp.overrides for arg in ("--set", item)],
-        "--data",
-        dataset_url(exp.dataset),
-        "--run-dir",
-        run_url(exp.id),
-    ]
-    launch_args = [
-        "--backend",
-        launch["backend"],
-        "--hosts",
-        str(launch["hosts"]),
-        "--devices-per-host",
-        str(launch["devices_per_host"]),
-    ]
+    train_args = ["--config", config_file(exp.id), "--data", dataset_url(exp.dataset), "--run-dir", run_url(exp.id)]
+    launch_args = ["--backend", launch["backend"], "--hosts", launch["hosts"], "--devices-per-host", launch["devices_per_host"]]
     if launch["backend"] == "tpu-vm":
-        launch_args += tpu_launch_args(launch["tpu"])
-    return [*JAX_CACHE_ENV, TRM, "launch", *launch_args, "--", *train_args]
-
-
-def tpu_launch_args(tpu):
-    """`trm launch`'s tpu-vm flags from the workflow's launch.tpu settings (docs/tpu.md)."""
-    args = [arg for name in tpu["slices"] for arg in ("--tpu-slice", name)]
-    args += ["--tpu-zone", tpu["zone"], "--tpu-code-url", tpu["code_url"] or url_join(config["storage"], "code")]
-    if tpu["project"]:
-        args += ["--tpu-project", tpu["project"]]
-    args += ["--tpu-create"] * tpu["create"] + ["--tpu-delete-after"] * tpu["delete_after"]
-    if not tpu["install_dependencies"]:
-        args.append("--no-tpu-install-dependencies")
-    for name in ("accelerator_type", "runtime_version", "provisioning", "python", "lock_dir"):
-        args += [f"--tpu-{name.replace('_', '-')}", str(tpu[name])]
-    for name, flag in (
-        ("poll_seconds", "--tpu-poll-seconds"),
-        ("stale_after_seconds", "--tpu-stale-after"),
-        ("start_timeout_seconds", "--tpu-start-timeout"),
-        ("stop_grace_seconds", "--tpu-stop-grace"),
-        ("max_relaunches", "--tpu-max-relaunches"),
-    ):
-        args += [flag, str(tpu[name])]
-    return args
+        launch_args += tpu_options.flags(_TPU)
+    return [*JAX_CACHE_ENV, TRM, "launch", *map(str, launch_args), "--", *train_args]
 
 
 def estimate_message(wildcards):

@@ -1,14 +1,13 @@
-# Training, one job per experiment, and test-time evaluation, one job per distinct run. The run dir (checkpoints)
-# lives in storage under its config hash; the local outputs are small copies made only after the run's _SUCCESS
-# marker, so a failed or preempted job leaves nothing that looks complete, and rerunning it resumes from the
-# latest checkpoint.
+# Training, one job per experiment, and test-time evaluation, one job per distinct run. Each job trains the resolved
+# config the plan wrote (RESULTS/configs/<hash>.json); the run dir (checkpoints) lives in storage under that hash.
+# The local outputs are small copies made only after the run's _SUCCESS marker, so a failed or preempted job leaves
+# nothing that looks complete, and rerunning it resumes from the latest checkpoint.
 
 
 rule train:
     input:
         staged=lambda wildcards: os.path.join(RESULTS, "staged", f"{PLAN[wildcards.exp].dataset}.txt"),
-        experiment=lambda wildcards: str(PLAN[wildcards.exp].path),
-        base="config/base.yaml",
+        config=lambda wildcards: config_file(wildcards.exp),
         same_run=same_run_trained_first,
     output:
         config=os.path.join(RESULTS, "runs", "{exp}", layout.CONFIG),
