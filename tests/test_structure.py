@@ -1,5 +1,5 @@
-"""The shape of the package (docs/architecture.md): imports flow one way down the pipeline, and one module names
-the files of a run directory."""
+"""The shape of the package (docs/architecture.md): imports flow one way down the pipeline, no module grows past
+400 lines, and one module names the files of a run directory."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ PACKAGE = REPO / "trm"
 # The packages in pipeline order: each may import itself, the foundation and the packages before it.
 ORDER = ["config", "data", "model", "run", "train", "launch", "study", "analysis"]
 FOUNDATION = {"errors", "storage", "gcs"}  # modules of trm/ itself, importable from anywhere
+MAX_LINES = 400  # a module a researcher reads in one sitting
 
 
 def _layer(module: str) -> str:
@@ -52,6 +53,13 @@ def test_every_package_is_placed_in_the_order():
     packages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     modules = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__", "cli"}
     assert packages == set(ORDER) and modules == FOUNDATION
+
+
+def test_no_module_is_longer_than_400_lines():
+    long = {
+        str(p.relative_to(REPO)): n for p in _modules() if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, long
 
 
 RUN_FILES = ("config.json", "_SUCCESS", "final.json", "status.json", "launch.json", "metrics.jsonl", "ckpt")

@@ -21,19 +21,11 @@ from pathlib import Path
 
 from trm.errors import UserError
 from trm.run import layout
-from trm.train.records import best_evaluation
+from trm.train.records import EVAL_STATS, best_evaluation
 
 TARGET_ACCURACY = 0.85  # contrib01's "epochs to 85%"
-# The per-step-count figures of `trm evaluate` kept for the table.
-TEST_TIME_FIELDS = (
-    "steps",
-    "exact_accuracy",
-    "accuracy",
-    "q_halt_accuracy",
-    "mean_halt_step",
-    "halted_fraction",
-    "halt_exact_accuracy",
-)
+# The per-step-count figures of `trm evaluate` kept for the table: all but the losses.
+TEST_TIME_FIELDS = ("steps", *(name for name in EVAL_STATS if not name.endswith("_loss")))
 
 
 def _read_records(path: Path) -> list[dict]:

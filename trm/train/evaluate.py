@@ -51,21 +51,13 @@ from trm.errors import UserError
 from trm.model.act import act_step, initial_carry
 from trm.train.data import IGNORE_LABEL, eval_batches
 from trm.train.loss import CROSS_ENTROPY
+from trm.train.records import EVAL_STATS
 from trm.train.step import Model
 from trm.train.weights import RunWeights, load_weights
 
 DEFAULT_STEPS = "16,32,64,128"
 # Per-puzzle statistics computed on device, summed over real puzzles on the host.
-ROW_STATS = (
-    "exact_accuracy",
-    "accuracy",
-    "q_halt_accuracy",
-    "mean_halt_step",
-    "halted_fraction",
-    "halt_exact_accuracy",
-    "lm_loss",
-    "q_halt_loss",
-)
+ROW_STATS = EVAL_STATS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

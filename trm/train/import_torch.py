@@ -23,9 +23,8 @@ from pathlib import Path
 
 from trm.config import add_config_arguments, resolve_config_arguments
 from trm.data.format import sha256_file
-from trm.data.sudoku import NUM_CELLS
 from trm.model.config import ModelConfig
-from trm.model.torch_io import read_torch_file, state_dict_to_params, strip_prefixes
+from trm.model.torch_io import add_seq_len_argument, read_torch_file, state_dict_to_params, strip_prefixes
 from trm.train.weights import write_run_dir
 
 
@@ -33,12 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help="the original trainer's state_dict file (torch.save)")
     add_config_arguments(parser)
     parser.add_argument("--out", required=True, help="run dir to create (local path, file:// or gs://)")
-    parser.add_argument(
-        "--seq-len",
-        type=int,
-        default=NUM_CELLS,
-        help="puzzle length of the data (default %(default)s, Sudoku)",
-    )
+    add_seq_len_argument(parser, "of the data the model will read")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -11,6 +11,19 @@ import numpy as np
 
 from trm import storage
 
+# What an evaluation measures of each puzzle after k supervision steps, averaged over the real puzzles
+# (trm/train/evaluate.py says what each means). An eval record holds them with "steps" (k) and "count" (puzzles).
+EVAL_STATS = (
+    "exact_accuracy",
+    "accuracy",
+    "q_halt_accuracy",
+    "mean_halt_step",
+    "halted_fraction",
+    "halt_exact_accuracy",
+    "lm_loss",
+    "q_halt_loss",
+)
+
 
 class MetricsLog:
     """metrics.jsonl in the run dir, rewritten whole at each flush (GCS objects cannot be appended to).
