@@ -27,6 +27,17 @@ localrules:
 
 
 
+# Before the first job of a TPU study (not in dry runs): gcloud, credentials, the bucket, the TPU API, the slices
+# and ssh, each failure with its fix (trm preflight; launch.tpu.preflight: false skips it).
+if config["launch"]["backend"] == "tpu-vm" and config["launch"]["tpu"]["preflight"]:
+
+    onstart:
+        import subprocess
+
+        if subprocess.run(preflight_command()).returncode != 0:
+            raise WorkflowError("trm preflight failed (above): fix what it names, then rerun")
+
+
 rule all:
     input:
         TABLE_FILES,

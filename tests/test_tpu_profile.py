@@ -101,9 +101,36 @@ def test_profile_runs_two_experiments_on_an_emulated_slice(cloud, tpu_bucket, tm
     for target in targets:
         assert json.loads((root / target).read_text())["test"]
     assert "launch state finished" in logs
+    # trm preflight ran once, before any job, and every check passed.
+    calls = gcloud_calls(cloud)
+    assert calls[:2] == [["--version"], ["auth", "list", "--filter=status:ACTIVE", "--format=value(account)"]]
+    assert "preflight: every check passed" in done.stdout + done.stderr
+    assert sum(argv == ["--version"] for argv in calls) == 1
     # The two jobs ran at once, each on its own slice of the pool.
     ssh = [argv for argv in gcloud_calls(cloud) if argv[2:4] == ["tpu-vm", "ssh"]]
     assert ssh and all("--worker=all" in argv for argv in ssh)
     assert {argv[4] for argv in ssh} == {*SLICES}
     for name in SLICES:
         wait_until_exited(name)
+
+
+def test_a_failed_preflight_stops_the_study_before_any_job(cloud, tpu_bucket, tmp_path, monkeypatch):
+    root = tmp_path / "study"
+    root.mkdir()
+    shutil.copy(REPO / "Snakefile", root)
+    for folder in ("workflow", "config", "profiles"):
+        shutil.copytree(REPO / folder, root / folder)
+    profile = _test_profile(root, tpu_bucket, tmp_path)
+    monkeypatch.setenv("FAKE_GCLOUD_TPU_API", "disabled")
+    done = subprocess.run(
+        [SNAKEMAKE, "--profile", str(profile), "--cores", "2", "results/smoke/runs/exp01a/final.json"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert "gcloud services enable tpu.googleapis.com" in output and "trm preflight failed" in output
+    assert not any(argv[3:4] == ["ssh"] or argv[3:4] == ["create"] for argv in gcloud_calls(cloud))
+    assert not (root / "results/smoke/pool").exists() and not (root / "results/smoke/datasets").exists()

@@ -26,6 +26,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "import-torch": ("trm.train.import_torch", "Import an original PyTorch TRM checkpoint as a run dir."),
     "export-torch": ("trm.train.export_torch", "Export a run dir's model as an original PyTorch state_dict."),
     "launch": ("trm.launch.cli", "Run `trm train` on every host of a job (local processes or a TPU slice)."),
+    "preflight": (
+        "trm.launch.preflight",
+        "Check gcloud, credentials, bucket, TPU API, slices, ssh for a TPU study.",
+    ),
     "guides": ("trm.study.guides", "Write the study guides (docs/experiments/) from config/groups.yaml."),
     "status": ("trm.study.status", "Show every run in storage: state, progress, accuracy, time to finish."),
     "collect-run": ("trm.analysis.collect", "Copy a finished run's config, metrics and final.json locally."),

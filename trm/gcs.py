@@ -33,6 +33,11 @@ TRANSIENT_DELAYS_S = (
 )  # GCS asks to retry (5xx, 429, dropped connection): 5 attempts, ~15 s
 AUTH_RETRIES = 1  # a 401 "Invalid Credentials" once more: the next attempt refreshes an expired token
 FIX_CREDENTIALS = "gcloud auth application-default login"
+NO_CREDENTIALS = (
+    "no Google Cloud credentials for gs:// storage: gcsfs needs Application Default Credentials (not gcloud's "
+    f"own login): run `{FIX_CREDENTIALS}`, or set GOOGLE_APPLICATION_CREDENTIALS to a service account key "
+    "file; on a TPU VM the VM's service account is used (docs/tpu.md)"
+)
 
 _UNREACHABLE = (
     aiohttp.ClientConnectorError,  # refused, DNS failure, TLS handshake

@@ -4,7 +4,8 @@ Datasets, run directories, metrics and logs all go through here, so code never b
 On a TPU pod there is no shared filesystem: anything every host must see lives on GCS.
 
 Emulator: when STORAGE_EMULATOR_HOST is set (read at each call), `gs://` goes to that endpoint with anonymous
-credentials; otherwise gcsfs uses the machine's default credentials. Set GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false
+credentials; otherwise gcsfs uses Application Default Credentials, and their absence is an error (never
+anonymous access). Set GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false
 before gcsfs is first imported when using an emulator (see platform.md §4.4).
 
 Every URL is checked by `check_url`, which the workflow also runs on its settings at parse time. GCS requests
@@ -80,7 +81,9 @@ def check_url(url: object, what: str = "storage URL") -> str:
 
 
 def _gcs_filesystem() -> AbstractFileSystem:
-    from trm.gcs import BoundedGCSFileSystem
+    import google.auth.exceptions
+
+    from trm.gcs import NO_CREDENTIALS, BoundedGCSFileSystem
 
     emulator = os.environ.get("STORAGE_EMULATOR_HOST", "")
     # Listings are not cached: other hosts and processes change the bucket under us, and a stale listing would
@@ -90,7 +93,12 @@ def _gcs_filesystem() -> AbstractFileSystem:
         if "://" not in emulator:
             emulator = f"http://{emulator}"
         return BoundedGCSFileSystem(token="anon", endpoint_url=emulator, use_listings_cache=False)
-    return BoundedGCSFileSystem(use_listings_cache=False)
+    # Application Default Credentials, never anonymous: gcsfs's default falls back to anonymous access when
+    # there are none, and the first write then fails with 401/403 far from the cause.
+    try:
+        return BoundedGCSFileSystem(token="google_default", use_listings_cache=False)
+    except google.auth.exceptions.DefaultCredentialsError:
+        raise UserError(NO_CREDENTIALS) from None
 
 
 def filesystem(url: str) -> tuple[AbstractFileSystem, str]:

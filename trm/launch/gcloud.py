@@ -65,6 +65,17 @@ def describe_node(name: str, where: Location) -> list[str]:
     return _tpus("tpu-vm", "describe", name, *where.flags(), "--format=value(state)")
 
 
+def list_nodes(where: Location) -> list[str]:
+    """The names of the slices in the zone (also a check that the TPU API answers)."""
+    return _tpus("tpu-vm", "list", *where.flags(), "--format=value(name)")
+
+
+def describe_accelerator_type(accelerator: str, where: Location) -> list[str]:
+    """Succeeds when the zone offers slices of this type."""
+    check(accelerator, ACCELERATOR, "accelerator type")
+    return _tpus("accelerator-types", "describe", accelerator, *where.flags(), "--format=value(type)")
+
+
 def create_queued_resource(
     qr: str, node: str, where: Location, accelerator: str, runtime: str, provisioning: str
 ) -> list[str]:

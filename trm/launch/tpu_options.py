@@ -59,32 +59,41 @@ class TpuOptions:
 
 @functools.cache
 def _settings() -> dict[str, dict]:
-    """Each setting's schema node, in the schema's order."""
-    workflow = yaml.safe_load(WORKFLOW_SCHEMA.read_text())
-    return workflow["properties"]["launch"]["properties"]["tpu"]["properties"]
+    """The schema node of each launcher setting, in TpuOptions' order (`launch.tpu.preflight` is the workflow's)."""
+    launch = yaml.safe_load(WORKFLOW_SCHEMA.read_text())["properties"]["launch"]
+    nodes = launch["properties"]["tpu"]["properties"]
+    return {field.name: nodes[field.name] for field in fields(TpuOptions)}
+
+
+def defaults() -> dict[str, Any]:
+    """config/config.yaml's `launch.tpu`."""
+    return yaml.safe_load(WORKFLOW_DEFAULTS.read_text())["launch"]["tpu"]
 
 
 def flag(key: str) -> str:
     return f"--tpu-{key.replace('_', '-')}"
 
 
+def add_argument(parser: argparse.ArgumentParser, key: str, default: Any) -> None:
+    """The flag of one setting, its help from the schema."""
+    node = _settings()[key]
+    kind = node.get("type", "string")  # an enum is a string
+    words = {"help": node["description"].replace("%", "%%") + " (default: %(default)s)", "default": default}
+    if kind == "boolean":
+        parser.add_argument(flag(key), action=argparse.BooleanOptionalAction, **words)
+    elif kind == "array":
+        parser.add_argument(flag(key), type=lambda text: text.split(","), metavar="NAME,...", **words)
+    else:
+        parser.add_argument(flag(key), type=_TYPES[kind], choices=node.get("enum"), **words)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "tpu-vm backend (docs/tpu.md; defaults from config/config.yaml launch.tpu)"
     )
-    defaults = yaml.safe_load(WORKFLOW_DEFAULTS.read_text())["launch"]["tpu"]
-    for key, node in _settings().items():
-        kind = node.get("type", "string")  # an enum is a string
-        words = {
-            "help": node["description"].replace("%", "%%") + " (default: %(default)s)",
-            "default": defaults[key],
-        }
-        if kind == "boolean":
-            group.add_argument(flag(key), action=argparse.BooleanOptionalAction, **words)
-        elif kind == "array":
-            group.add_argument(flag(key), type=lambda text: text.split(","), metavar="NAME,...", **words)
-        else:
-            group.add_argument(flag(key), type=_TYPES[kind], choices=node.get("enum"), **words)
+    values = defaults()
+    for key in _settings():
+        add_argument(group, key, values[key])
 
 
 def from_arguments(args: argparse.Namespace) -> TpuOptions:
@@ -96,6 +105,8 @@ def flags(settings: dict[str, Any]) -> list[str]:
     """The `trm launch` flags that give these settings (e.g. the workflow's `launch.tpu`)."""
     args = []
     for key, value in settings.items():
+        if key not in _settings():
+            continue  # the workflow's own switch (launch.tpu.preflight)
         if isinstance(value, bool):
             args.append(flag(key) if value else f"--no-{flag(key)[2:]}")
         else:

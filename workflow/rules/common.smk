@@ -250,6 +250,12 @@ def train_command(exp):
     return [*JAX_CACHE_ENV, TRM, "launch", *map(str, launch_args), "--", *train_args]
 
 
+def preflight_command():
+    """`trm preflight` with the study's storage and the pool's place, in the launcher's flags, as an argument list."""
+    pool = {key: _TPU[key] for key in ("zone", "project", "slices", "create", "accelerator_type")}
+    return [TRM, "preflight", "--storage", config["storage"], *tpu_options.flags(pool)]
+
+
 def estimate_message(wildcards):
     first = first_with_same_run(wildcards.exp)
     if first != wildcards.exp:
