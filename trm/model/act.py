@@ -32,6 +32,22 @@ class Carry(NamedTuple):
     puzzle_identifiers: jax.Array  # int32 [B]
 
 
+class HaltDraws(NamedTuple):
+    """The random numbers of halting exploration for every row of one supervision step."""
+
+    uniform: jax.Array  # float32 [B]: the row explores when uniform < exploration_prob
+    min_halt: jax.Array  # int32 [B]: an exploring row runs at least this many steps, UniformInt[2, max_steps]
+
+
+def halt_draws(rng: jax.Array, num_rows: int, max_steps: int) -> HaltDraws:
+    """Exploration draws for `num_rows` rows from `rng` (the same numbers however the rows are sharded)."""
+    explore_key, min_halt_key = jax.random.split(rng)
+    return HaltDraws(
+        uniform=jax.random.uniform(explore_key, (num_rows,)),
+        min_halt=jax.random.randint(min_halt_key, (num_rows,), 2, max_steps + 1),
+    )
+
+
 class StepOutputs(NamedTuple):
     """What one supervision step produces for the loss (gradients flow through these)."""
 
@@ -67,6 +83,7 @@ def act_step(
     *,
     training: bool,
     rng: jax.Array | None = None,
+    draws: HaltDraws | None = None,
     exploration_prob: jax.Array | float | None = None,
     max_steps: int | None = None,
     H_cycles: int | None = None,
@@ -76,7 +93,8 @@ def act_step(
     """One supervision step for every row: reset and refill halted rows, recurse, decide halting.
 
     batch: {"inputs" [B, seq_len], "labels" [B, seq_len], "puzzle_identifiers" [B]} (int32).
-    training: static. In training, `rng` is required for exploration; `exploration_prob` may be a traced
+    training: static. In training, exploration needs `rng`, or `draws` made by `halt_draws` (the train step
+    draws for the whole batch and hands each device its rows' draws); `exploration_prob` may be a traced
     scalar (annealing does not recompile), default the config's halt_exploration_prob.
     max_steps: static; default halt_max_steps. In evaluation it is the fixed number of steps.
     H_cycles, L_cycles: static depth overrides (curriculum). remat: static, see TRM.__call__.
@@ -100,14 +118,14 @@ def act_step(
     steps = steps + 1
     halted = steps >= max_steps
     if training and max_steps > 1:
-        if rng is None:
-            raise ValueError("act_step(training=True) needs an rng for halting exploration")
+        if draws is None:
+            if rng is None:
+                raise ValueError("act_step(training=True) needs an rng (or draws) for halting exploration")
+            draws = halt_draws(rng, steps.shape[0], max_steps)
         p = cfg.halt_exploration_prob if exploration_prob is None else exploration_prob
         halted = halted | (jax.lax.stop_gradient(q_halt) > 0)
-        explore_key, min_halt_key = jax.random.split(rng)
-        explore = jax.random.uniform(explore_key, steps.shape) < p
-        min_halt = jax.random.randint(min_halt_key, steps.shape, 2, max_steps + 1)
-        halted = halted & (steps >= jnp.where(explore, min_halt, 0))
+        explore = draws.uniform < p
+        halted = halted & (steps >= jnp.where(explore, draws.min_halt, 0))
 
     new_carry = Carry(
         z_H=jax.lax.stop_gradient(z_H),

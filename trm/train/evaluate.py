@@ -154,6 +154,10 @@ class MultiStepEvaluator:
         stats = self._compiled(*weights, jax.device_put(batch, self.rows))
         return {k: np.asarray(v, np.float64) for k, v in stats.items()}
 
+    def lower(self, weights: tuple, batch: dict):
+        """The lowered pass, from arrays placed like `put_weights` and a row-split batch, or abstract ones."""
+        return self._compiled.lower(*weights, batch)
+
     def _run(self, params, puzzle_emb, buffers, batch):
         module = self.model.bind(params, puzzle_emb, buffers)
         max_steps = self.counts[-1]

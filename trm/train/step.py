@@ -7,8 +7,11 @@ one jitted function with no host round trip. Recursion depth (H_cycles, L_cycles
 gets one compiled step per distinct value, cached in `TrainStep`.
 
 Data parallelism: the state lives on a one-axis mesh "data" of all devices (trm/run/distributed.py); the
-parameters, optimizer states and EMA are replicated, the ACT carry and the batch are split by rows. XLA inserts
-the gradient all-reduce and fuses it into one combined all-reduce per (micro-)batch. Gradient accumulation
+parameters, optimizer states and EMA are replicated, the ACT carry and the batch are split by rows. The
+gradients are written per device with `jax.shard_map` (`_local_gradients`): each device differentiates the
+supervision step on its own rows, then ONE `psum` sums gradients, metric sums and the touched puzzle rows over
+the devices: the step's only all-reduce, in float32, however many parameters or micro-batches. The optimizer
+update then runs on the replicated state, identically on every device. Gradient accumulation
 (`train.micro_batches` = k) runs the supervision step on k interleaved row subsets in a `lax.scan` and sums the
 gradients; the loss is normalised by the global batch, so the sum equals the one-batch gradient.
 `train.remat` rematerialises each net call of the differentiated recursion (TRM.__call__).
@@ -16,6 +19,7 @@ gradients; the loss is normalised by the global batch, so the sum equals the one
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -23,17 +27,17 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, PartitionSpec
 
 from trm.config import batch_split_problem
 from trm.errors import UserError
-from trm.model.act import Carry, act_step, evaluate_batch, initial_carry
+from trm.model.act import Carry, HaltDraws, act_step, evaluate_batch, halt_draws, initial_carry
 from trm.model.config import ModelConfig
 from trm.model.trm import TRM, split_state
 from trm.run.distributed import DATA_AXIS, batch_sharded, data_mesh, put_global, put_host_rows, replicated
 from trm.train.ema import ema_init, ema_update, eval_params
-from trm.train.loss import act_loss
-from trm.train.optim import build_optimizer, build_puzzle_emb_optimizer
+from trm.train.loss import METRIC_KEYS, act_loss
+from trm.train.optim import build_optimizer, build_puzzle_emb_optimizer, touched_rows
 
 
 class TrainState(NamedTuple):
@@ -76,10 +80,28 @@ def init_state(
     Every process computes the same values (same seeds); the carry's rows are split over the mesh.
     """
     mesh = data_mesh() if mesh is None else mesh
+    state = _fresh_state(model, config, total_steps, batch_rows)
+    # Each leaf becomes its own global buffer (the EMA starts as the params, z_H and z_L as one zero array),
+    # since the train step donates the state.
+    return jax.tree.map(put_global, state, state_shardings(state, mesh))
+
+
+def abstract_state(model: Model, config: dict, total_steps: int, batch_rows: int, mesh: Mesh) -> TrainState:
+    """The fresh state's shapes, dtypes and shardings on `mesh`, nothing allocated: for compiling ahead of time
+    (e.g. for a TPU topology's devices, which this machine cannot hold arrays on)."""
+    shapes = jax.eval_shape(lambda: _fresh_state(model, config, total_steps, batch_rows))
+    return jax.tree.map(
+        lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
+        shapes,
+        state_shardings(shapes, mesh),
+    )
+
+
+def _fresh_state(model: Model, config: dict, total_steps: int, batch_rows: int) -> TrainState:
     optimizer = build_optimizer(config["optim"], total_steps)
     emb_optimizer = build_puzzle_emb_optimizer(config["optim"], total_steps)
     module = model.bind(model.init_params, model.init_puzzle_emb, model.init_buffers)
-    state = TrainState(
+    return TrainState(
         params=model.init_params,
         puzzle_emb=model.init_puzzle_emb,
         buffers=model.init_buffers,
@@ -90,9 +112,13 @@ def init_state(
         rng=jax.random.key_data(jax.random.key(config["train"]["seed"])),
         step=jnp.zeros([], jnp.int32),
     )
-    # Each leaf becomes its own global buffer (the EMA starts as the params, z_H and z_L as one zero array),
-    # since the train step donates the state.
-    return jax.tree.map(put_global, state, state_shardings(state, mesh))
+
+
+def abstract_batch(cfg: ModelConfig, rows: int, mesh: Mesh) -> dict[str, jax.ShapeDtypeStruct]:
+    """A global batch's shapes, dtypes and shardings (rows split over `mesh`), as `put_host_rows` makes it."""
+    sharding = batch_sharded(mesh)
+    shapes = {"inputs": (rows, cfg.seq_len), "labels": (rows, cfg.seq_len), "puzzle_identifiers": (rows,)}
+    return {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding) for k, shape in shapes.items()}
 
 
 def state_shardings(state: TrainState, mesh: Mesh) -> TrainState:
@@ -144,12 +170,16 @@ class TrainStep:
         state, batch, exploration_prob = self._inputs(state, batch, exploration_prob)
         key = jax.random.split(jax.random.wrap_key_data(state.rng))[1]
         run = jax.jit(self._accumulated_gradients, static_argnames="cycles")
-        return run(state, batch, key, exploration_prob, cycles=cycles)
+        return run(state, batch, key, exploration_prob, cycles=cycles)[:3]
 
     def _inputs(self, state: TrainState, batch: dict, exploration_prob) -> tuple:
-        if not all(isinstance(v, jax.Array) for v in batch.values()):
+        # Global arrays, or abstract ones (jax.ShapeDtypeStruct with shardings) to compile ahead of time.
+        abstract = (jax.Array, jax.ShapeDtypeStruct)
+        if not all(isinstance(v, abstract) for v in batch.values()):
             batch = put_host_rows(batch, self.mesh)
-        return state, batch, put_global(np.float32(exploration_prob), replicated(self.mesh))
+        if not isinstance(exploration_prob, abstract):
+            exploration_prob = put_global(np.float32(exploration_prob), replicated(self.mesh))
+        return state, batch, exploration_prob
 
     def _jitted(self, state: TrainState):
         # Explicit output shardings: the new state must carry exactly the shardings of the state it came from
@@ -163,7 +193,7 @@ class TrainStep:
             )
         return self._compiled
 
-    def _gradients(self, params, puzzle_emb, buffers, carry, batch, rng, exploration_prob, cycles):
+    def _gradients(self, params, puzzle_emb, buffers, carry, batch, draws, exploration_prob, cycles):
         """One supervision step on some rows: (new carry, metric sums, (param grads, puzzle-emb grads))."""
 
         def loss_fn(params, puzzle_emb):
@@ -173,7 +203,7 @@ class TrainStep:
                 carry,
                 batch,
                 training=True,
-                rng=rng,
+                draws=draws,
                 exploration_prob=exploration_prob,
                 H_cycles=cycles[0],
                 L_cycles=cycles[1],
@@ -190,48 +220,74 @@ class TrainStep:
         return new_carry, metrics, grads
 
     def _accumulated_gradients(self, state: TrainState, batch: dict, rng, exploration_prob, cycles):
-        """`_gradients` over all rows in `micro_batches` parts, summed; the carry is reassembled in row order.
+        """(new carry, metric sums, (param grads, puzzle-emb grads), touched puzzle rows) of one step, all rows.
 
-        Part m holds rows m, m + k, m + 2k, ...: each device's block of rows splits into k equal local parts,
-        so the split moves no data between devices.
+        The exploration draws are made here for the whole batch, so they do not depend on the device count;
+        each device then gets its rows of everything (`_local_gradients`).
         """
-        k = self.micro_batches
-        args = (state.params, state.puzzle_emb, state.buffers)
-        if k == 1:
-            return self._gradients(*args, state.carry, batch, rng, exploration_prob, cycles)
-
-        def split(x):
-            parts = x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)
-            return jax.lax.with_sharding_constraint(
-                parts, NamedSharding(self.mesh, PartitionSpec(None, DATA_AXIS))
-            )
-
-        def merge(parts):
-            return parts.swapaxes(0, 1).reshape(-1, *parts.shape[2:])
-
-        def part(sums, xs):
-            carry, rows, index = xs
-            new_carry, metrics, grads = self._gradients(
-                *args, carry, rows, jax.random.fold_in(rng, index), exploration_prob, cycles
-            )
-            return jax.tree.map(jnp.add, sums, (metrics, grads)), new_carry
-
-        xs = (jax.tree.map(split, state.carry), jax.tree.map(split, batch), jnp.arange(k))
-        first = jax.tree.map(lambda x: x[0], xs)
-        _, metrics_shape, grads_shape = jax.eval_shape(
-            lambda c, b, i: self._gradients(*args, c, b, rng, exploration_prob, cycles), *first
+        rows, whole = PartitionSpec(DATA_AXIS), PartitionSpec()
+        per_device = jax.shard_map(
+            functools.partial(self._local_gradients, cycles=cycles),
+            mesh=self.mesh,
+            in_specs=(whole, whole, whole, rows, rows, rows, whole),
+            out_specs=(rows, whole, whole, whole),
         )
-        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (metrics_shape, grads_shape))
-        (metrics, grads), carry_parts = jax.lax.scan(part, zeros, xs)
-        return jax.tree.map(merge, carry_parts), metrics, grads
+        draws = self._halt_draws(rng, state.carry.steps.shape[0])
+        return per_device(
+            state.params, state.puzzle_emb, state.buffers, state.carry, batch, draws, exploration_prob
+        )
+
+    def _halt_draws(self, rng: jax.Array, num_rows: int) -> HaltDraws:
+        """Every row's exploration draws: micro-batch part m (rows m, m + k, ...) draws from fold_in(rng, m)."""
+        k, max_steps = self.micro_batches, self.model.cfg.halt_max_steps
+        if k == 1:
+            return halt_draws(rng, num_rows, max_steps)
+        parts = [halt_draws(jax.random.fold_in(rng, m), num_rows // k, max_steps) for m in range(k)]
+        return jax.tree.map(lambda *p: _merge_parts(jnp.stack(p)), *parts)
+
+    def _local_gradients(self, params, puzzle_emb, buffers, carry, batch, draws, exploration_prob, *, cycles):
+        """Inside shard_map, on this device's rows: its gradients summed over the `micro_batches` parts, then
+        summed over the devices by the step's one all-reduce.
+
+        Part m holds this device's rows m, m + k, m + 2k, ...: the same rows as part m of the global batch.
+        """
+        # Differentiate this device's copy of the weights ("varying"): its own rows' gradients, summed below.
+        # Left invariant, JAX would all-reduce every gradient leaf inside the backward pass instead.
+        params, puzzle_emb = jax.lax.pcast((params, puzzle_emb), DATA_AXIS, to="varying")
+        k = self.micro_batches
+        args = (params, puzzle_emb, buffers)
+        if k == 1:
+            new_carry, metrics, grads = self._gradients(*args, carry, batch, draws, exploration_prob, cycles)
+        else:
+
+            def part(sums, xs):
+                carry, rows, draws = xs
+                new_carry, metrics, grads = self._gradients(
+                    *args, carry, rows, draws, exploration_prob, cycles
+                )
+                return jax.tree.map(jnp.add, sums, (metrics, grads)), new_carry
+
+            # Zero sums typed per device ("varying"), like the per-part values added to them.
+            metric_zeros = {key: jnp.zeros([], jnp.float32) for key in METRIC_KEYS}
+            zeros = (
+                jax.lax.pcast(metric_zeros, DATA_AXIS, to="varying"),
+                jax.tree.map(jnp.zeros_like, (params, puzzle_emb)),
+            )
+            xs = jax.tree.map(lambda x: _split_parts(x, k), (carry, batch, draws))
+            (metrics, grads), carry_parts = jax.lax.scan(part, zeros, xs)
+            new_carry = jax.tree.map(_merge_parts, carry_parts)
+        touched = touched_rows(new_carry.puzzle_identifiers, puzzle_emb.shape[0]).astype(jnp.float32)
+        # The one all-reduce of the step: gradients, metric sums and touched puzzle rows, summed in float32.
+        metrics, grads, touched = jax.lax.psum((metrics, grads, touched), DATA_AXIS)
+        return new_carry, metrics, grads, touched > 0
 
     def _step(self, state: TrainState, batch: dict, exploration_prob: jax.Array, *, cycles: tuple[int, int]):
         key, step_key = jax.random.split(jax.random.wrap_key_data(state.rng))
-        carry, metrics, (grads, emb_grads) = self._accumulated_gradients(
+        carry, metrics, (grads, emb_grads), touched = self._accumulated_gradients(
             state, batch, step_key, exploration_prob, cycles
         )
         emb_updates, emb_opt_state = self.emb_optimizer.update(
-            emb_grads, state.puzzle_emb_opt_state, state.puzzle_emb, touched=carry.puzzle_identifiers
+            emb_grads, state.puzzle_emb_opt_state, state.puzzle_emb, touched=touched
         )
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
@@ -250,6 +306,16 @@ class TrainStep:
         return new_state, metrics
 
 
+def _split_parts(x: jax.Array, k: int) -> jax.Array:
+    """Rows [n, ...] -> k parts [k, n / k, ...]; part m holds rows m, m + k, m + 2k, ..."""
+    return x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)
+
+
+def _merge_parts(parts: jax.Array) -> jax.Array:
+    """The inverse of `_split_parts`: k parts [k, n / k, ...] -> rows [n, ...] in row order."""
+    return parts.swapaxes(0, 1).reshape(-1, *parts.shape[2:])
+
+
 class EvalStep:
     """`evaluate(state, batch) -> metric sums` after `num_steps` supervision steps, on the EMA weights.
 
@@ -265,6 +331,12 @@ class EvalStep:
     def __call__(self, state: TrainState, batch: dict) -> dict[str, jax.Array]:
         batch = put_host_rows(batch, self.mesh)
         return self._compiled(eval_params(state.params, state.ema), state.puzzle_emb, state.buffers, batch)
+
+    def lower(self, state: TrainState, batch: dict):
+        """The lowered evaluation, from global or abstract arrays (e.g. `abstract_state`, `abstract_batch`)."""
+        return self._compiled.lower(
+            eval_params(state.params, state.ema), state.puzzle_emb, state.buffers, batch
+        )
 
     def _evaluate(self, params, puzzle_emb, buffers, batch):
         module = self.model.bind(params, puzzle_emb, buffers)
