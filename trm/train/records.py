@@ -12,7 +12,7 @@ import numpy as np
 from trm import storage
 
 # What an evaluation measures of each puzzle after k supervision steps, averaged over the real puzzles
-# (trm/train/evaluate.py says what each means). An eval record holds them with "steps" (k) and "count" (puzzles).
+# (trm/train/evaluator.py says what each means). An eval record holds them with "steps" (k) and "count" (puzzles).
 EVAL_STATS = (
     "exact_accuracy",
     "accuracy",

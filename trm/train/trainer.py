@@ -22,12 +22,14 @@ from trm.model.config import ModelConfig
 from trm.run import distributed, layout
 from trm.run.state import EXIT_PREEMPTED, TrainerStatus
 from trm.train.checkpoint import Checkpointer
-from trm.train.data import TrainBatches, eval_batches
+from trm.train.data import TrainBatches
+from trm.train.ema import eval_params
+from trm.train.evaluator import Evaluator, evaluate
 from trm.train.hostlog import HostLog
 from trm.train.optim import dense_lr_schedule
 from trm.train.records import MetricsLog, MetricWindow, best_evaluation, halt_step_moments
 from trm.train.schedule import cycles_at, halt_exploration_at
-from trm.train.step import EvalStep, Model, TrainState, TrainStep, check_train_config, init_state
+from trm.train.step import Model, TrainState, TrainStep, check_train_config, init_state
 
 
 def params_digest(tree: Any) -> str:
@@ -92,7 +94,7 @@ class Trainer:
         self.lr = dense_lr_schedule(config["optim"], self.total_steps)
         self.model = Model(self.model_cfg, seed=tc["seed"])
         self.train_step = TrainStep(self.model, config, self.total_steps, self.mesh)
-        self.eval_step = EvalStep(self.model, tc["eval_steps"], self.mesh)
+        self.evaluator = Evaluator(self.model, (tc["eval_steps"],), self.mesh)
         self.checkpoints = Checkpointer(
             layout.path(run_dir, layout.CHECKPOINTS),
             keep=tc["keep_checkpoints"],
@@ -306,22 +308,15 @@ class Trainer:
         }
 
     def _evaluate(self, state: TrainState, limit: int | None) -> dict:
-        """Metrics of the final supervision step, averaged over the real (unpadded) test puzzles."""
-        sums: dict[str, float] = {}
-        batches = eval_batches(
-            self.test_split,
-            self.train_cfg["global_batch_size"],
-            limit,
-            self.process_index,
-            self.process_count,
+        """The figures after train.eval_steps supervision steps (EMA weights when kept) on the first `limit` test
+        puzzles (all when None), in batches of the training batch: the same evaluation as `trm evaluate`."""
+        weights = self.evaluator.put_weights(
+            eval_params(state.params, state.ema), state.puzzle_emb, state.buffers
         )
-        for batch in batches:
-            for k, v in self.eval_step(state, batch.as_dict()).items():
-                sums[k] = sums.get(k, 0.0) + float(v)
-        count = max(sums.pop("count"), 1.0)
-        moments = halt_step_moments(sums, count)
-        means = {k: v / count for k, v in sums.items() if k not in ("steps", "steps_sq")}
-        return {"count": count, **means, **moments}
+        (record,) = evaluate(
+            self.evaluator, weights, self.test_split, self.train_cfg["global_batch_size"], limit
+        )
+        return record
 
     def _save(self, state: TrainState, step: int, started: float, window: MetricWindow) -> None:
         record = {

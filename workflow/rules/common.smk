@@ -147,8 +147,6 @@ SELECTED_GROUPS = list(dict.fromkeys(exp.group for exp in PLAN.values()))
 DATASETS = sorted({exp.dataset for exp in PLAN.values()})
 SOFTWARE = "../envs/trm.yaml"  # every rule's conda environment (relative to the rule files)
 TEST_TIME_STEPS = ",".join(map(str, config["test_time_steps"][config["scale"]]))
-# Puzzles per `trm evaluate` batch: no larger than the test split, since padding rows cost as much as real ones.
-EVAL_BATCH_SIZE = min(256, TEST_PUZZLES[config["scale"]])
 # A persistent XLA cache: the study's many same-shaped configs (every group's baseline) compile once.
 JAX_CACHE_ENV = [
     "env",
