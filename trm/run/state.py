@@ -28,7 +28,6 @@ from trm.run import layout
 # Exit code of a trainer, and of a job, that stopped early with a checkpoint: run it again to resume.
 EXIT_PREEMPTED = 42
 HEARTBEAT_S = 60.0  # the trainer refreshes its heartbeat at least this often while it trains
-STALE_AFTER_S = 600.0  # default: a heartbeat older than this is lost (compiles and evaluations pause it)
 
 # What the trainer writes in status.json.
 TRAINER_STATES = ("running", "preempted", "failed", "finished")
@@ -124,9 +123,11 @@ class RunState:
 
 
 def run_state(
-    status: dict | None, launch: dict | None, finished: bool, now: float, stale_after_s: float = STALE_AFTER_S
+    status: dict | None, launch: dict | None, finished: bool, now: float, stale_after_s: float | None = None
 ) -> tuple[str, str, float | None]:
-    """(state, detail, heartbeat age) from the markers; the rules are the module docstring's."""
+    """(state, detail, heartbeat age) from the markers; the rules are the module docstring's. Without
+    `stale_after_s` no heartbeat counts as lost (the launcher's and `trm status`'s threshold:
+    launch.tpu.stale_after_seconds)."""
     status, launch = status or {}, launch or {}
     age = now - status["updated_at"] if "updated_at" in status else None
     if finished:
@@ -143,7 +144,7 @@ def run_state(
     if launch_state in ("queued", "starting", "preempted") and launch_newer:
         return launch_state, launch.get("message", ""), age
     if trainer_state in ("running", "finished"):  # "finished" but no _SUCCESS yet: the last markers are due
-        if age is not None and age > stale_after_s:
+        if age is not None and stale_after_s is not None and age > stale_after_s:
             return "lost", f"no heartbeat for {age:.0f} s", age
         return "running", "", age
     if trainer_state == "preempted":
@@ -153,7 +154,7 @@ def run_state(
     return "unknown", "no status.json", age
 
 
-def read_run(run_dir: str, now: float | None = None, stale_after_s: float = STALE_AFTER_S) -> RunState:
+def read_run(run_dir: str, now: float | None = None, stale_after_s: float | None = None) -> RunState:
     """The state of the run in `run_dir` (any storage URL), read from its markers."""
     status = _read_json(layout.path(run_dir, layout.STATUS))
     launch = _read_json(layout.path(run_dir, layout.LAUNCH))

@@ -30,8 +30,9 @@ import yaml
 from trm import storage
 from trm.config import CONFIG_DIR
 from trm.errors import UserError
+from trm.launch import tpu_options
 from trm.run import layout
-from trm.run.state import STALE_AFTER_S, RunState, read_run
+from trm.run.state import RunState, read_run
 from trm.study.scale import SCALES
 
 RUN_MARKERS = (layout.CONFIG, layout.STATUS, layout.LAUNCH)
@@ -54,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stale-after",
         type=float,
-        default=STALE_AFTER_S,
+        default=tpu_options.defaults()["stale_after_seconds"],  # launch.tpu.stale_after_seconds
         metavar="SECONDS",
         help="a running trainer whose heartbeat is older than this is shown as lost (default %(default)g)",
     )
