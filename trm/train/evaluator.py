@@ -18,12 +18,12 @@ evaluation, the Q head never stops a puzzle early. For each count k, over the re
 One compiled program runs one supervision step and its per-puzzle statistics on every row of a batch, and a pass
 calls it max(counts) times; nothing in it depends on the counts. So the trainer (counts = train.eval_steps) and
 `trm evaluate` run the same program on the same rows: with the same batch size and devices, their figures at a
-count both report are bit-identical. The statistics are summed on the host in float64, in row order, so they do
-not depend on the number of devices either.
+count both report are bit-identical. The statistics are summed on the host in float64 and in row order, so how the
+rows were split over devices does not change how they are added.
 
-Data parallelism (`_put_rows`, `_all_rows`): the rows of a batch are split over the mesh and each process feeds its
-own rows (trm/train/data.py), the weights are replicated; the program moves no rows between devices. The host then
-gathers every row's statistics, so every process sums the same numbers in the same order.
+Data parallelism (`put_host_rows`, `_all_rows`): the rows of a batch are split over the mesh and each process
+feeds its own rows (trm/train/data.py), the weights are replicated; the program moves no rows between devices.
+The host then gathers every row's statistics, so every process sums the same numbers in the same order.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class Evaluator:
     def __call__(self, weights: tuple, batch: dict[str, np.ndarray]) -> tuple[dict[int, dict], np.ndarray]:
         """({count: {statistic: [rows]}}, real [rows]) for one global batch, of which this process holds `batch`
         (its own block of rows); every process gets every row's statistics."""
-        rows = _put_rows(batch, self.mesh)
+        rows = put_host_rows(batch, self.mesh)  # this process's rows of the global batch
         state, real = self._fresh(rows)
         max_steps = np.int32(self.counts[-1])
         stats = {}
@@ -77,8 +77,8 @@ class Evaluator:
         return stats, _all_rows(real)
 
     def lower(self, weights: tuple, batch: dict):
-        """The lowered supervision step, from weights and a batch placed as `put_weights` and `_put_rows` place
-        them, or abstract ones (jax.ShapeDtypeStruct with shardings, e.g. for a TPU topology's devices)."""
+        """The lowered supervision step, from weights and a batch placed as `put_weights` and `put_host_rows`
+        place them, or abstract ones (jax.ShapeDtypeStruct with shardings, e.g. for a TPU topology's devices)."""
         rows = batch_sharded(self.mesh)
         state, _ = jax.tree.map(
             lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=rows),
@@ -125,11 +125,6 @@ class Evaluator:
             "q_halt_loss": jnp.maximum(q_halt, 0) - q_halt * target + jnp.log1p(jnp.exp(-jnp.abs(q_halt))),
         }
         return (carry, first_halt, exact_at_halt), {k: v.astype(jnp.float32) for k, v in stats.items()}
-
-
-def _put_rows(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
-    """The global batch from this process's block of rows (the other processes hold the rest)."""
-    return put_host_rows(batch, mesh)
 
 
 def _all_rows(array: jax.Array) -> np.ndarray:
