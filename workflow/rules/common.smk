@@ -13,14 +13,14 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from trm.config import dump_config
+from trm.errors import UserError
 from trm.launch import tpu_options
+from trm.run import layout
+from trm.storage import GCS_SCHEMES, check_url, write_text
+from trm.storage import join as url_join
 from trm.study.estimate import CostCache, accelerator_hours, run_flops
 from trm.study.plan import check_batches, parse_dataset_name, plan_study
 from trm.study.scale import SMOKE_POOL, TEST_PUZZLES
-from trm.errors import UserError
-from trm.run import layout
-from trm.storage import GCS_SCHEMES, check_url
-from trm.storage import join as url_join
 
 
 def _setting_source(dotted):
@@ -227,12 +227,8 @@ def _write_configs():
     """Each distinct run's resolved config as a file named by its hash. A file is written only when missing: its
     content follows from its name, so it never changes and never makes Snakemake rerun a job."""
     for exp in PLAN.values():
-        path = config_file(exp.id)
-        if not os.path.exists(path):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(f"{path}.tmp", "w") as stream:
-                stream.write(dump_config(exp.config))
-            os.replace(f"{path}.tmp", path)
+        if not os.path.exists(config_file(exp.id)):
+            write_text(config_file(exp.id), dump_config(exp.config))  # atomic: readers never see half a file
 
 
 _write_configs()
