@@ -34,12 +34,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from trm.config import load_config
+from trm.data.format import sudoku_metadata
 from trm.model.config import ModelConfig
 from trm.model.flops import flops_per_example_step
 from trm.model.layers import swiglu_width
 from trm.train.step import Model, TrainStep, init_state
 
-SUDOKU_META = {"vocab_size": 11, "seq_len": 81, "num_puzzle_identifiers": 1}
+SUDOKU_META = sudoku_metadata(1)
 # Examples/s of the original PyTorch TRM at batch 16 on a 2-core CPU (spec performance.md).
 ORIGINAL_EXAMPLES_PER_S = {(512, "float32"): 4.13, (512, "bfloat16"): 2.64, (128, "float32"): 20.8}
 TOTAL_STEPS = 100_000  # only shapes the lr schedule; warm-up is irrelevant to throughput
@@ -101,7 +102,8 @@ class TorchTrainStep:
         self.torch = torch
         torch.manual_seed(0)
         torch.set_num_threads(threads)
-        cfg = ModelConfig(**SUDOKU_META, hidden_size=width, forward_dtype=dtype)
+        arch = load_config(overrides=[f"arch.hidden_size={width}", f"arch.forward_dtype={dtype}"])["arch"]
+        cfg = ModelConfig.from_dict(arch, SUDOKU_META)
         self.cfg, self.dtype = cfg, getattr(torch, dtype)
         length, inner_t, inner_c = cfg.total_len, swiglu_width(cfg.total_len, 4), swiglu_width(width, 4)
 

@@ -14,7 +14,9 @@ import pytest
 from test_trainer import _easy_csv
 
 from trm.cli import main as trm
-from trm.train.evaluate import evaluate, load_eval_split
+from trm.train.evaluate import load_eval_split
+from trm.train.evaluator import Evaluator, evaluate
+from trm.train.step import Model
 from trm.train.weights import load_weights
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,24 +56,27 @@ def trained(tmp_path_factory) -> dict:
     return {"tmp": tmp, "csv": tmp / "easy.csv", "built": built, "staged": staged, "run": run, "cache": cache}
 
 
+def _evaluate(weights, split, counts: tuple[int, ...], batch_size: int) -> list[dict]:
+    evaluator = Evaluator(Model(weights.model_cfg, seed=0), counts)
+    on_device = evaluator.put_weights(weights.params, weights.puzzle_emb, weights.buffers)
+    return evaluate(evaluator, on_device, split, batch_size)
+
+
 def test_multi_count_pass_equals_separate_runs_and_the_trainers_evaluation(trained):
     weights = load_weights(str(trained["run"]))
     assert weights.source == "ema"
     split = load_eval_split(str(trained["built"]), "test", str(trained["cache"]))
-    # 12 test puzzles in a batch of 16: 4 padding rows, which must count nowhere.
-    multi = evaluate(weights, split, (2, 16, 32), batch_size=16, progress=False)
-    single = evaluate(weights, split, (16,), batch_size=16, progress=False)
+    # 12 test puzzles in batches of 8, the trainer's: 4 padding rows, which must count nowhere.
+    multi = _evaluate(weights, split, (2, 16, 32), batch_size=8)
+    single = _evaluate(weights, split, (16,), batch_size=8)
     assert [r["steps"] for r in multi] == [2, 16, 32]
     assert multi[1] == single[0]
     assert multi[0] != multi[1]  # more steps change the answers of a barely trained model
 
-    # The trainer evaluated the same EMA weights after eval_steps = 2, in batches of 8 (another compiled
-    # program). Compared after 2 supervision steps, where a last-bit difference has not yet been amplified by
-    # the recurrence (about x19 per step when untrained), so the comparison holds on any CPU.
+    # The trainer evaluated the same EMA weights after eval_steps = 2 with the same evaluator (one compiled
+    # supervision step, the same rows per batch, the same devices): equal by construction, bit for bit.
     final = json.loads((trained["run"] / "final.json").read_text())["test"]
-    assert multi[0]["count"] == final["count"] == len(split.inputs)
-    for key in ("exact_accuracy", "accuracy", "q_halt_accuracy", "lm_loss", "q_halt_loss"):
-        assert multi[0][key] == pytest.approx(final[key], rel=1e-5, abs=1e-7), key
+    assert multi[0] == final and final["count"] == len(split.inputs)
     assert 0 < multi[0]["accuracy"] < 1
     for record in multi:
         assert 1 <= record["mean_halt_step"] <= record["steps"]

@@ -7,9 +7,10 @@ import shutil
 
 import pytest
 
-from trm.analysis.guides import DOCS_DIR, guides
 from trm.cli import main as trm_main
-from trm.config import EXPERIMENTS_DIR, GROUPS_PATH, load_config, load_groups
+from trm.config import EXPERIMENTS_DIR, load_config
+from trm.study.groups import GROUPS_PATH, load_groups
+from trm.study.guides import DOCS_DIR, guides
 
 
 @pytest.fixture(scope="module")

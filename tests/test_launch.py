@@ -14,9 +14,9 @@ import pytest
 
 from trm.cli import main as trm
 from trm.errors import UserError
-from trm.launch import distributed
 from trm.launch.local import host_environment, run_processes
-from trm.train.runstate import read_run
+from trm.run import distributed
+from trm.run.state import read_run
 
 
 def _options(argv: list[str]) -> distributed.DistributedOptions:
@@ -130,27 +130,22 @@ def test_launch_rejects_bad_arguments(capsys):
     assert "--hosts 0: must be >= 1" in capsys.readouterr().err
     assert trm(["launch", "--hosts", "2"]) == 2
     assert "no training arguments" in capsys.readouterr().err
+    assert trm(["launch", "--", "--config", "c", "--data", "d", "--run-dir", "r", "--process-id", "1"]) == 2
+    assert "--process-id: the launcher sets the multi-host options itself" in capsys.readouterr().err
 
 
-def test_hosts_fail_together_on_bad_training_input(tmp_path, capsys):
-    """Both hosts join, both reject the config, the launcher reports the hosts' exit code 2."""
-    code = trm(
-        [
-            "launch",
-            "--hosts",
-            "2",
-            "--",
-            "--config",
-            str(tmp_path / "missing.yaml"),
-            "--data",
-            str(tmp_path),
-            "--run-dir",
-            str(tmp_path / "run"),
-        ]
+def test_a_bad_config_is_refused_once_before_any_host_starts(tmp_path, capsys):
+    """The launcher resolves the run's config itself, once: a missing file or a batch the job's devices cannot
+    split is refused before a host starts or the run dir is written."""
+    run = ["--data", str(tmp_path), "--run-dir", str(tmp_path / "run")]
+    assert trm(["launch", "--hosts", "2", "--", "--config", str(tmp_path / "missing.yaml"), *run]) == 2
+    captured = capsys.readouterr()
+    assert "missing.yaml: config file not found" in captured.err and "[host" not in captured.out
+    base = str(Path(__file__).resolve().parents[1] / "config" / "base.yaml")
+    assert (
+        trm(["launch", "--hosts", "2", "--", "--config", base, *run, "--set=train.global_batch_size=9"]) == 2
     )
-    out = capsys.readouterr().out
-    assert code == 2, out
-    assert "[host 0]" in out and "[host 1]" in out and "missing.yaml" in out
+    assert "train.global_batch_size=9 must be divisible by" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
 

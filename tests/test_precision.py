@@ -9,15 +9,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from model_configs import model_config
 
-from trm.model.config import ModelConfig
 from trm.model.trm import TRM, split_state
 from trm.train.checkpoint import Checkpointer
 
 
 def test_embedding_gradients_are_summed_in_float32_under_a_bfloat16_forward():
     # Learned positions too, so that all three tables are checked; 620 x 81 = 50,220 lookups of one token.
-    cfg = ModelConfig(
+    cfg = model_config(
         vocab_size=11,
         seq_len=81,
         num_puzzle_identifiers=2,

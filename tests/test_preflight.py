@@ -39,7 +39,7 @@ def _bare_environment(home: Path) -> dict[str, str]:
 
 def test_no_gcloud_and_no_credentials_fail_clearly_naming_both(tmp_path):
     done = _preflight(
-        ["--storage", "gs://trm-study-bucket/s", "--tpu-zone", "us-central2-b", "--tpu-slice", "trm-v4-64"],
+        ["--storage", "gs://trm-study-bucket/s", "--tpu-zone", "us-central2-b", "--tpu-slices", "trm-v4-64"],
         _bare_environment(tmp_path / "home"),
     )
     assert done.returncode == 1, done.stdout + done.stderr
@@ -88,7 +88,7 @@ def test_everything_in_place_passes_and_leaves_no_probe(gcs_bucket, tmp_path):
     env = _cloud_environment(state)
     subprocess.run(["gcloud", "fake-create-node", "trm-ready"], env=env, check=True, timeout=60)
     args = ["--storage", f"{gcs_bucket}/study", "--tpu-zone", "us-central2-b"]
-    done = _preflight([*args, "--tpu-slice", "trm-ready", "--tpu-slice", "trm-later", "--tpu-create"], env)
+    done = _preflight([*args, "--tpu-slices", "trm-ready,trm-later", "--tpu-create"], env)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert all(line.startswith("ok") for line in lines[:-1]), lines
@@ -102,7 +102,7 @@ def test_everything_in_place_passes_and_leaves_no_probe(gcs_bucket, tmp_path):
 
 def test_each_cloud_problem_names_its_fix(gcs_bucket, tmp_path):
     state = tmp_path / "cloud"
-    args = ["--storage", f"{gcs_bucket}/study", "--tpu-zone", "us-central2-b", "--tpu-slice", "trm-missing"]
+    args = ["--storage", f"{gcs_bucket}/study", "--tpu-zone", "us-central2-b", "--tpu-slices", "trm-missing"]
 
     no_account = _preflight(args, _cloud_environment(state, FAKE_GCLOUD_ACCOUNT=""))
     assert no_account.returncode == 1
@@ -146,6 +146,6 @@ def test_bad_arguments_are_refused_before_any_check(tmp_path):
     env = _bare_environment(tmp_path / "home")
     local = _preflight(["--storage", str(tmp_path / "here")], env)
     assert local.returncode == 2 and "preflight checks gs:// storage" in local.stderr
-    bad_slice = _preflight(["--tpu-zone", "us-central2-b", "--tpu-slice", "Bad;Name"], env)
+    bad_slice = _preflight(["--tpu-zone", "us-central2-b", "--tpu-slices", "Bad;Name"], env)
     assert bad_slice.returncode == 2 and "slice name 'Bad;Name' is not valid" in bad_slice.stderr
     assert local.stdout == bad_slice.stdout == ""

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trm.analysis.run_metrics import _pooled_variance, best_evaluation, summarize_run
+from trm.analysis.run_metrics import _pooled_variance, summarize_run
+from trm.train.records import best_evaluation
 
 
 def _record(halt_steps: list[int]) -> dict:

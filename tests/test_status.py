@@ -9,10 +9,11 @@ import time
 import pytest
 
 from trm import storage
-from trm.analysis.plan import plan_study
-from trm.analysis.status import collect, eta_seconds
 from trm.cli import main as trm
-from trm.train import runstate
+from trm.run import layout
+from trm.run import state as runstate
+from trm.study.plan import plan_study
+from trm.study.status import collect, eta_seconds
 
 
 def _progress(step: int, **extra) -> dict:
@@ -33,7 +34,7 @@ def _progress(step: int, **extra) -> dict:
 
 def _age_heartbeat(run_dir: str, seconds: float) -> None:
     """Make the trainer's last heartbeat `seconds` old, as if its hosts had died then."""
-    url = storage.join(run_dir, runstate.STATUS_FILE)
+    url = storage.join(run_dir, layout.STATUS)
     status = json.loads(storage.read_text(url))
     status["updated_at"] -= seconds
     storage.write_text(url, json.dumps(status))
@@ -48,7 +49,7 @@ def _runs_in_every_state(root: str) -> dict[str, str]:
     runstate.write_status(storage.join(runs, "preempted"), {"state": "preempted", **_progress(500)})
     runstate.write_status(storage.join(runs, "failed"), {"state": "failed", "error": "boom", **_progress(7)})
     runstate.write_status(storage.join(runs, "finished"), {"state": "finished", **_progress(1000)})
-    storage.write_text(storage.join(runs, "finished", runstate.SUCCESS_FILE), "")
+    storage.write_text(storage.join(runs, "finished", layout.SUCCESS), "")
     runstate.write_launch(storage.join(runs, "queued"), "queued", None, 1, "waiting for a v4-64 slice")
     # A preempted trainer whose launcher then waits for a new slice: the newer launcher marker speaks.
     runstate.write_status(storage.join(runs, "requeued"), {"state": "preempted", **_progress(600)})
@@ -125,5 +126,5 @@ def test_bad_arguments_and_empty_storage(tmp_path, capsys):
 def test_a_half_written_marker_is_not_read_as_a_state(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    (run / runstate.STATUS_FILE).write_text('{"state": "runn')
+    (run / layout.STATUS).write_text('{"state": "runn')
     assert runstate.read_run(str(run)).state == "unknown"

@@ -43,10 +43,10 @@ COMPILE = textwrap.dedent(
     from jax.sharding import Mesh
     from trm.config import load_config
     from trm.data.format import sudoku_metadata
-    from trm.launch.distributed import DATA_AXIS, replicated
+    from trm.run.distributed import DATA_AXIS, replicated
     from trm.model.config import ModelConfig
-    from trm.train.evaluate import MultiStepEvaluator
-    from trm.train.step import EvalStep, Model, TrainStep, abstract_batch, abstract_state
+    from trm.train.evaluator import Evaluator
+    from trm.train.step import Model, TrainStep, abstract_batch, abstract_state
 
     topology, tiny, variants = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
     devices = topologies.get_topology_desc(
@@ -78,14 +78,12 @@ COMPILE = textwrap.dedent(
         prob = jax.ShapeDtypeStruct((), np.float32, sharding=replicated(mesh))
         step = TrainStep(model, config, total_steps=10, mesh=mesh)
         out[name] = summary(step.lower(state, batch, prob, (cfg.H_cycles, cfg.L_cycles)))
-    out["eval"] = summary(EvalStep(model, config["train"]["eval_steps"], mesh).lower(state, batch))
-    evaluator = MultiStepEvaluator(model, (1, 2), devices=devices)
+    evaluator = Evaluator(model, (config["train"]["eval_steps"],), mesh)
     weights = jax.tree.map(
-        lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=evaluator.replicated),
+        lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated(mesh)),
         (state.params, state.puzzle_emb, state.buffers),
     )
-    rows = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=evaluator.rows) for k, v in batch.items()}
-    out["multi_step_eval"] = summary(evaluator.lower(weights, rows))
+    out["eval"] = summary(evaluator.lower(weights, batch))
     print(json.dumps(out))
     """
 )
@@ -112,7 +110,6 @@ def test_real_steps_compile_for_a_v4_64_with_one_all_reduce_per_train_step():
         # accumulation; XLA left to itself all-reduced every part's gradients, most of them in bfloat16.
         collectives = out[name]["collectives"]
         assert collectives["all-reduce"] == 1 and sum(collectives.values()) == 1, (name, out[name])
-    # Evaluation moves no rows between devices: only the metric sums are all-reduced (per-puzzle statistics
-    # stay on their device).
-    assert set(k for k, n in out["eval"]["collectives"].items() if n) <= {"all-reduce"}, out["eval"]
-    assert sum(out["multi_step_eval"]["collectives"].values()) == 0, out["multi_step_eval"]
+    # The one evaluator's step moves nothing between devices: its per-puzzle statistics stay on their device
+    # until the host gathers them.
+    assert sum(out["eval"]["collectives"].values()) == 0, out["eval"]

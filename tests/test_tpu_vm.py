@@ -57,7 +57,7 @@ def _launch_command(
         "launch",
         "--backend",
         "tpu-vm",
-        "--tpu-slice",
+        "--tpu-slices",
         SLICE,
         "--tpu-zone",
         "us-central2-b",
@@ -70,9 +70,9 @@ def _launch_command(
         str(tmp / "locks"),
         "--tpu-poll-seconds",
         "0.5",
-        "--tpu-stop-grace",
+        "--tpu-stop-grace-seconds",
         "30",
-        "--tpu-start-timeout",
+        "--tpu-start-timeout-seconds",
         "120",
         *tpu,
         "--",
@@ -222,7 +222,7 @@ def test_trainers_failing_before_training_fail_the_job_at_once(cloud, tpu_bucket
     the job at its next poll instead of waiting out the start timeout and relaunching."""
     subprocess.run(["gcloud", "fake-create-node", SLICE], check=True, timeout=30)
     run_dir = f"{tpu_bucket}/runs/no-dataset"
-    patient = ("--tpu-start-timeout", "900", "--tpu-max-relaunches", "5")
+    patient = ("--tpu-start-timeout-seconds", "900", "--tpu-max-relaunches", "5")
     command = _launch_command(tpu_bucket, tmp_path, run_dir, f"{tpu_bucket}/no-such-dataset", tpu=patient)
     started = time.time()
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -242,7 +242,7 @@ def test_trainers_failing_before_training_fail_the_job_at_once(cloud, tpu_bucket
 @pytest.mark.parametrize(
     ("flag", "value"),
     [
-        ("--tpu-slice", "trm;touch PWNED"),
+        ("--tpu-slices", "trm;touch PWNED"),
         ("--tpu-zone", "us-central2-b --project=x"),
         ("--tpu-project", "$(touch PWNED)"),
         ("--tpu-accelerator-type", "v4-64 && reboot"),

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from trm.cli import main as trm
-from trm.train.runstate import read_run
+from trm.run.state import read_run
 
 TINY = {
     "arch.hidden_size": 32,
@@ -165,7 +165,7 @@ def test_kill_and_preemption_resume_exactly(easy_data, tmp_path):
         assert state.state == trainer_state
         assert 0 < state.status["step"] < 120 and state.status["total_steps"] == 120
         if trainer_state == "running":
-            assert read_run(str(run), now=time.time() + 3600).state == "lost"
+            assert read_run(str(run), now=time.time() + 3600, stale_after_s=600).state == "lost"
 
     finished = _run(cmd)
     assert finished.returncode == 0, finished.stderr[-3000:]

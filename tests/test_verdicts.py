@@ -22,9 +22,9 @@ from trm.analysis.verdicts import (
     group_verdict,
 )
 from trm.cli import main as trm_main
-from trm.config import EXPERIMENTS_DIR, GROUPS_PATH, load_groups
-from trm.config.groups import CHECK_FIELDS, CRITERION_METRICS
+from trm.config import EXPERIMENTS_DIR
 from trm.errors import UserError
+from trm.study.groups import CHECK_FIELDS, CRITERION_METRICS, GROUPS_PATH, load_groups
 
 GROUP = {"id": "g", "title": "test group", "members": ["a", "b", "c", "d"], "baseline": "b"}
 

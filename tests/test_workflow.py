@@ -22,10 +22,11 @@ from snakemake.settings.types import (
     ResourceSettings,
 )
 
-from trm.analysis.estimate import model_costs, run_flops, training_steps
-from trm.analysis.plan import dataset_name, plan_study
 from trm.cli import main as trm_main
-from trm.config import load_config, load_groups
+from trm.config import config_hash, dump_config, load_config
+from trm.study.estimate import model_costs, run_flops, training_steps
+from trm.study.groups import load_groups
+from trm.study.plan import dataset_name, plan_study
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -222,9 +223,16 @@ def test_smoke_datasets_map_one_to_one_and_scale_changes_the_hash():
     assert len(baselines) == 1  # every group's baseline is the same smoke run config
 
 
-def test_planned_configs_equal_what_trm_train_resolves_from_the_same_arguments():
-    for exp in plan_study("smoke"):
-        assert load_config(exp.path, exp.overrides) == exp.config, exp.id
+def test_each_run_config_is_resolved_once_into_the_file_its_job_trains(workdir):
+    experiments = ["exp01a", "exp06_f", "exp01c", "exp05_d"]  # two baselines: one run, one file
+    planned_jobs(workdir, {"experiments": experiments})  # parsing the workflow writes the files
+    plan = plan_study("smoke", experiments)
+    files = sorted((workdir / "results/smoke/configs").iterdir())
+    assert [f.name for f in files] == sorted({f"{exp.hash}.json" for exp in plan}) and len(files) == 3
+    for exp in plan:
+        path = workdir / f"results/smoke/configs/{exp.hash}.json"
+        assert path.read_text() == dump_config(exp.config)
+        assert load_config(path, base=None) == exp.config and config_hash(exp.config) == exp.hash
 
 
 def test_estimate_matches_the_spec_flops_of_a_paper_baseline_run():
@@ -301,11 +309,13 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     assert test_time["exact_accuracy"].between(0, 1).all() and test_time["accuracy"].between(0, 1).all()
     evaluation = json.loads((results / "eval/exp01a-steps.json").read_text())
     assert evaluation["results"][0]["count"] == 16 and evaluation["weights"] in ("ema", "params")
-    # At the training halt limit (16 steps) `trm evaluate` reproduces the trainer's final test evaluation.
+    # At the training halt limit (16 steps) `trm evaluate` reproduces the trainer's final test evaluation exactly:
+    # the same evaluator (one compiled supervision step) on the same batches of the run's batch size and the same
+    # devices, so equal by construction, not by tolerance.
     at_halt_limit = test_time[test_time["steps"] == 16].set_index("id")
     for row in table.itertuples():
-        assert at_halt_limit.loc[row.id, "exact_accuracy"] == pytest.approx(row.test_exact_accuracy, abs=1e-6)
-        assert at_halt_limit.loc[row.id, "accuracy"] == pytest.approx(row.test_cell_accuracy, abs=1e-5)
+        assert at_halt_limit.loc[row.id, "exact_accuracy"] == row.test_exact_accuracy
+        assert at_halt_limit.loc[row.id, "accuracy"] == row.test_cell_accuracy
     # An evaluation of another checkpoint than the one the run finished with is refused.
     stale = tmp_path_factory.mktemp("stale") / "exp01a-steps.json"
     stale.write_text(json.dumps({**evaluation, "checkpoint_step": evaluation["checkpoint_step"] - 1}))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from trm.analysis.plan import check_batches, plan_study
 from trm.errors import UserError
+from trm.study.plan import check_batches, plan_study
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -52,7 +52,7 @@ def test_a_batch_the_profiles_devices_cannot_split_is_refused_by_the_dry_run(wor
 
 
 def test_check_batches_applies_the_trainers_rule():
-    from trm.train.step import check_train_config  # imports JAX: the plan repeats its rule without it
+    from trm.train.step import check_train_config  # both apply trm.config.batch_split_problem
 
     exp = plan_study("smoke", ["exp01a"])[0]
     for batch, parts, devices in itertools.product((24, 32, 6145, 6144), (1, 2, 3), (1, 4, 32)):

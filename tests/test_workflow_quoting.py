@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trm.analysis.plan import plan_study
+from trm.study.plan import plan_study
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))

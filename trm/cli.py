@@ -12,52 +12,31 @@ import sys
 
 from trm.errors import UserError
 
-# name -> (module, one-line help). The module's docstring is the subcommand's long description.
+# name -> (module, one-line help), in pipeline order. The module's docstring is the subcommand's long description.
 COMMANDS: dict[str, tuple[str, str]] = {
     "build-dataset": ("trm.data.build", "Build the augmented Sudoku dataset (train/test .npy files)."),
     "dataset-info": ("trm.data.info", "Print counts, shapes, dtypes and the content hash of a dataset."),
     "stage": ("trm.data.stage", "Copy a dataset to storage (gs:// or file://) with a checksum manifest."),
     "verify": ("trm.data.verify", "Check a staged dataset against its manifest."),
+    "smoke-pool": ("trm.data.pool", "Write generated puzzles as train.csv/test.csv (smoke source)."),
+    "config": ("trm.config.show", "Resolve, validate and print a run config (base <- experiment <- --set)."),
     "model-info": ("trm.model.info", "Print the parameter count and FLOPs of a model configuration."),
-    "train": (
-        "trm.train.trainer",
-        "Train a TRM on a staged dataset; resumes from the run dir's latest checkpoint.",
-    ),
+    "train": ("trm.train.cli", "Train a TRM on a staged dataset, resuming from the latest checkpoint."),
+    "evaluate": ("trm.train.evaluate", "Evaluate a checkpoint at several test-time step counts (JSON, CSV)."),
+    "import-torch": ("trm.train.import_torch", "Import an original PyTorch TRM checkpoint as a run dir."),
+    "export-torch": ("trm.train.export_torch", "Export a run dir's model as an original PyTorch state_dict."),
     "launch": ("trm.launch.cli", "Run `trm train` on every host of a job (local processes or a TPU slice)."),
     "preflight": (
         "trm.launch.preflight",
-        "Check gcloud, credentials, the bucket, the TPU API, slices and ssh before a TPU study.",
+        "Check gcloud, credentials, bucket, TPU API, slices, ssh for a TPU study.",
     ),
-    "config": ("trm.config.show", "Resolve, validate and print a run config (base <- experiment <- --set)."),
-    "smoke-pool": (
-        "trm.analysis.pool",
-        "Write generated puzzles as train.csv/test.csv (smoke-scale source).",
-    ),
-    "collect-run": (
-        "trm.analysis.collect",
-        "Copy a finished run's config, metrics and final.json to a folder.",
-    ),
+    "guides": ("trm.study.guides", "Write the study guides (docs/experiments/) from config/groups.yaml."),
+    "status": ("trm.study.status", "Show every run in storage: state, progress, accuracy, time to finish."),
+    "collect-run": ("trm.analysis.collect", "Copy a finished run's config, metrics and final.json locally."),
     "run-metrics": ("trm.analysis.run_metrics", "Summarise one collected run's metrics as JSON."),
     "aggregate": ("trm.analysis.aggregate", "Gather all runs of the study into one table (CSV and Parquet)."),
     "plot-group": ("trm.analysis.plots", "Plot one experiment group's main plots (PNG and SVG)."),
-    "evaluate": (
-        "trm.train.evaluate",
-        "Evaluate a checkpoint at several test-time step counts (JSON + CSV).",
-    ),
-    "import-torch": ("trm.train.import_torch", "Import an original PyTorch TRM checkpoint as a run dir."),
-    "export-torch": (
-        "trm.train.export_torch",
-        "Export a run dir's model as an original PyTorch TRM state_dict.",
-    ),
     "verdicts": ("trm.analysis.verdicts", "Evaluate each group's success criteria on the results table."),
-    "guides": (
-        "trm.analysis.guides",
-        "Write the per-group study guides (docs/experiments/) from config/groups.yaml.",
-    ),
-    "status": (
-        "trm.analysis.status",
-        "Show every run in storage: state, progress, accuracy, time to finish.",
-    ),
 }
 
 

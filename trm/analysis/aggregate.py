@@ -9,7 +9,7 @@ time). Writes OUTPUT.csv, OUTPUT.parquet (one row per run), OUTPUT-curves.csv (t
 evaluation during training) and OUTPUT-test-time.csv (test accuracy per number of supervision steps at test time,
 one row per run and step count). Accelerator-hours are measured wall hours x devices (experiments with equal configs share one
 run and report the wall time of the job that trained it); the estimate column uses the FLOPs model of
-trm.analysis.estimate at the given peak FLOP/s and utilization.
+trm.study.estimate at the given peak FLOP/s and utilization.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from trm.analysis.estimate import accelerator_hours, model_costs, run_flops
 from trm.analysis.run_metrics import TEST_TIME_FIELDS
-from trm.config import load_groups
 from trm.errors import UserError
+from trm.run import layout
+from trm.study.estimate import accelerator_hours, model_costs, run_flops
+from trm.study.groups import load_groups
 
 METRIC_COLUMNS = (
     "test_exact_accuracy",
@@ -85,7 +86,7 @@ def aggregate(
     )
     rows, curves, test_time = [], [], []
     for exp_id in ids:
-        config = _read_json(results / "runs" / exp_id / "config.json")
+        config = _read_json(results / "runs" / exp_id / layout.CONFIG)
         metrics = _read_json(results / "eval" / f"{exp_id}.json")
         group = groups[exp_id]
         is_baseline = exp_id == group["baseline"]

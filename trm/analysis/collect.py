@@ -15,8 +15,7 @@ from pathlib import Path
 
 from trm import storage
 from trm.errors import UserError
-
-COLLECTED = ("config.json", "metrics.jsonl", "final.json")  # final.json last: it marks a complete copy
+from trm.run import layout
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,15 +26,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def collect_run(run_dir: str, local_dir: str | Path) -> None:
-    """Copy COLLECTED from a finished run; a UserError if the run has no _SUCCESS marker."""
-    if not storage.exists(storage.join(run_dir, "_SUCCESS")):
+    """Copy layout.COLLECTED from a finished run; a UserError if the run has no _SUCCESS marker."""
+    if not layout.finished(run_dir):
         raise UserError(f"{run_dir}: the run has not finished (no _SUCCESS marker)")
     local = Path(local_dir)
     local.mkdir(parents=True, exist_ok=True)
-    for name in COLLECTED:
+    for name in layout.COLLECTED:
         fd, tmp = tempfile.mkstemp(dir=local, prefix=f".{name}.")
         with os.fdopen(fd, "wb") as stream:
-            stream.write(storage.read_bytes(storage.join(run_dir, name)))
+            stream.write(storage.read_bytes(layout.path(run_dir, name)))
         os.replace(tmp, local / name)
 
 

@@ -21,8 +21,8 @@ matplotlib.use("Agg")  # files only; no display on servers and TPU hosts
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from trm.config import load_groups  # noqa: E402
 from trm.errors import UserError  # noqa: E402
+from trm.study.groups import load_groups  # noqa: E402
 
 # Axis labels with units, for metrics and the config keys the groups plot against.
 LABELS = {
@@ -67,20 +67,7 @@ def _panel(ax, plot: dict, group: dict, runs: pd.DataFrame, curves: pd.DataFrame
     ax.grid(alpha=0.3)
     if plot["kind"] == "curve":
         ax.set_xlabel(label("epoch"))
-        for member in group["members"]:
-            curve = curves[curves["id"] == member].sort_values("epoch")
-            if curve.empty:
-                continue
-            is_base = member == group["baseline"]
-            ax.plot(
-                curve["epoch"],
-                curve[y],
-                marker="o",
-                color="black" if is_base else None,
-                linewidth=2.5 if is_base else 1.2,
-                label=f"{member} (baseline)" if is_base else member,
-            )
-        ax.legend(fontsize="small")
+        _line_per_member(ax, group, curves, "epoch", y, star_baseline=False)
         return
     ax.set_xlabel(label(x))
     points = runs.set_index("id").reindex([m for m in group["members"] if m in set(runs["id"])]).reset_index()
@@ -125,16 +112,21 @@ def _test_time_panel(ax, group: dict, test_time: pd.DataFrame) -> None:
     steps = sorted(test_time["steps"].unique())
     ax.set_xticks(steps, [str(k) for k in steps])
     ax.minorticks_off()
+    _line_per_member(ax, group, test_time, "steps", "exact_accuracy", star_baseline=True)
+
+
+def _line_per_member(ax, group: dict, points: pd.DataFrame, x: str, y: str, star_baseline: bool) -> None:
+    """One line per member over x (rows of `points` with its id), the baseline's thick and black."""
     for member in group["members"]:
-        points = test_time[test_time["id"] == member].sort_values("steps")
-        if points.empty:
+        line = points[points["id"] == member].sort_values(x)
+        if line.empty:
             continue
         is_base = member == group["baseline"]
         ax.plot(
-            points["steps"],
-            points["exact_accuracy"],
-            marker="*" if is_base else "o",
-            markersize=12 if is_base else 5,
+            line[x],
+            line[y],
+            marker="*" if is_base and star_baseline else "o",
+            markersize=(12 if is_base else 5) if star_baseline else None,
             color="black" if is_base else None,
             linewidth=2.5 if is_base else 1.2,
             label=f"{member} (baseline)" if is_base else member,

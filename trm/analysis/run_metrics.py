@@ -20,36 +20,16 @@ import statistics
 from pathlib import Path
 
 from trm.errors import UserError
+from trm.run import layout
+from trm.train.records import EVAL_STATS, best_evaluation
 
 TARGET_ACCURACY = 0.85  # contrib01's "epochs to 85%"
-# The per-step-count figures of `trm evaluate` kept for the table.
-TEST_TIME_FIELDS = (
-    "steps",
-    "exact_accuracy",
-    "accuracy",
-    "q_halt_accuracy",
-    "mean_halt_step",
-    "halted_fraction",
-    "halt_exact_accuracy",
-)
+# The per-step-count figures of `trm evaluate` kept for the table: all but the losses.
+TEST_TIME_FIELDS = ("steps", *(name for name in EVAL_STATS if not name.endswith("_loss")))
 
 
 def _read_records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def best_evaluation(records: list[dict]) -> dict | None:
-    """The eval record with the highest test exact accuracy, the latest among equals (so a tie goes to the final
-    evaluation on the full test split), without its kind and split; None when there is none.
-
-    Intermediate evaluations run on `train.eval_subset` puzzles: the best of several noisy subset estimates
-    leans high, so the record keeps `subset` and `count` (puzzles evaluated) beside its step and epoch.
-    """
-    evals = [r for r in records if r["kind"] == "eval"]
-    if not evals:
-        return None
-    best = max(reversed(evals), key=lambda r: r["exact_accuracy"])  # max keeps the first of equals
-    return {k: v for k, v in best.items() if k not in ("kind", "split")}
 
 
 def _pooled_variance(records: list[dict]) -> float | None:
@@ -69,9 +49,9 @@ def summarize_run(run_dir: str | Path, test_time_path: str | Path) -> dict:
     """The metrics of one run as a flat mapping (see the module docstring); floats or None, plus lists."""
     run_dir = Path(run_dir)
     try:
-        final = json.loads((run_dir / "final.json").read_text())
-        config = json.loads((run_dir / "config.json").read_text())
-        records = _read_records(run_dir / "metrics.jsonl")
+        final = json.loads((run_dir / layout.FINAL).read_text())
+        config = json.loads((run_dir / layout.CONFIG).read_text())
+        records = _read_records(run_dir / layout.METRICS)
     except FileNotFoundError as err:
         raise UserError(f"{run_dir}: not a collected run ({err.filename} missing)") from None
     try:

@@ -22,9 +22,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from trm.analysis.scale import SCALES
-from trm.config import load_groups
 from trm.errors import UserError
+from trm.study.groups import format_number as _fmt
+from trm.study.groups import load_groups
+from trm.study.groups import signed as _signed
+from trm.study.scale import SCALES
 
 SUPPORTED, NOT_SUPPORTED, NO_DATA = "supported", "not supported", "not enough data"
 SMOKE_NOTE = (
@@ -33,10 +35,6 @@ SMOKE_NOTE = (
 )
 # Accuracies are ratios of puzzle counts: 0.87 - 0.86 must count as within a tolerance of 0.01.
 SLACK = 1e-9
-
-
-def _fmt(x: float) -> str:
-    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
 
 
 def _listing(ids: list[str], values: dict[str, float]) -> str:
@@ -52,10 +50,6 @@ def _reference(criterion: dict, values: dict[str, float]) -> tuple[float, str]:
     if len(reference) == 1:
         return values[best], f"{best} {_fmt(values[best])}"
     return values[best], f"the highest of {', '.join(reference)}, {best} {_fmt(values[best])}"
-
-
-def _signed(margin: float) -> str:
-    return f"{'-' if margin < 0 else '+'} {_fmt(abs(margin))}"
 
 
 def within(criterion: dict, values: dict[str, float], group: dict) -> tuple[bool, str]:
@@ -125,29 +119,6 @@ def monotonic(criterion: dict, values: dict[str, float], group: dict) -> tuple[b
         ok,
         f"{path}: {wrong_way} by {_fmt(against)} from {where[0]} to {where[1]} (tolerance {_fmt(tolerance)})",
     )
-
-
-def describe(criterion: dict) -> str:
-    """The machine check of a criterion in words (its metric aside), e.g. 'each of exp01d, exp01e <= exp01c + 0.01'."""
-    kind, members = criterion["check"], ", ".join(criterion["members"])
-    if kind == "best_is_one_of":
-        return f"the highest of all the group's members is one of {members}"
-    if kind == "monotonic":
-        wrong_way = "falls" if criterion["direction"] == "increasing" else "rises"
-        tolerance = _fmt(criterion.get("tolerance", 0))
-        return f"over {members}, in this order, it never {wrong_way} by more than {tolerance}"
-    if "value" in criterion:
-        reference = _fmt(criterion["value"])
-    elif len(criterion["reference"]) == 1:
-        reference = criterion["reference"][0]
-    else:
-        reference = f"the highest of {', '.join(criterion['reference'])}"
-    each = "each of " if len(criterion["members"]) > 1 else ""
-    if kind == "within":
-        return f"{each}{members} within {_fmt(criterion['tolerance'])} of {reference}"
-    margin = criterion.get("margin", 0)
-    limit = f"{reference} {_signed(margin)}" if margin else reference
-    return f"{each}{members} {'>=' if kind == 'at_least' else '<='} {limit}"
 
 
 CHECKS = {

@@ -11,33 +11,18 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 
-from trm.config.load import (
-    EXPERIMENT_ID,
-    config_hash,
-    dump_config,
-    experiment_ids,
-    experiment_path,
-    load_config,
-)
+from trm import storage
+from trm.config import load
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "experiment", nargs="?", help="experiment id or override file (default: the baseline alone)"
     )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY.PATH=VALUE",
-        help="override one key (repeatable), e.g. --set optim.lr=3e-4",
-    )
+    load.add_overrides_argument(parser)
     parser.add_argument(
         "--resolved", action="store_true", help="the file is a complete resolved config: use no base"
     )
@@ -48,31 +33,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--list", action="store_true", help="list the experiment ids and exit")
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as stream:
-            stream.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def main(args: argparse.Namespace) -> int:
     if args.list:
-        print("\n".join(experiment_ids()))
+        print("\n".join(load.experiment_ids()))
         return 0
     path = args.experiment
-    if path is not None and EXPERIMENT_ID.match(path) and not Path(path).exists():
-        path = experiment_path(path)
-    config = (
-        load_config(path, args.overrides, base=None) if args.resolved else load_config(path, args.overrides)
-    )
-    text = config_hash(config) + "\n" if args.hash else dump_config(config)
+    if path is not None and load.EXPERIMENT_ID.match(path) and not Path(path).exists():
+        path = load.experiment_path(path)
+    base = None if args.resolved else load.BASE_CONFIG
+    config = load.load_config(path, args.overrides, base=base)
+    text = load.config_hash(config) + "\n" if args.hash else load.dump_config(config)
     if args.output:
-        _write_atomically(args.output, text)
+        storage.write_text(str(args.output), text)
     else:
         sys.stdout.write(text)
     return 0

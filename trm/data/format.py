@@ -27,12 +27,14 @@ from pathlib import Path
 
 import numpy as np
 
+from trm.data.sudoku import NUM_CELLS
 from trm.errors import UserError
 
 SPLITS = ("train", "test")
 ARRAY_NAMES = ("inputs", "labels", "puzzle_identifiers", "puzzle_indices", "group_indices")
 SET_NAME = "all"
 IDENTIFIERS = ["<blank>"]
+VOCAB_SIZE = 11  # token ids: 0 padding, 1 blank, 2..10 the digits 1..9
 
 # Fields every dataset.json has, the original's included, and their types.
 REQUIRED_FIELDS: dict[str, type | tuple[type, ...]] = {
@@ -71,8 +73,8 @@ def sudoku_metadata(num_groups: int) -> dict:
         "pad_id": 0,
         "ignore_label_id": 0,
         "blank_identifier_id": 0,
-        "vocab_size": 11,
-        "seq_len": 81,
+        "vocab_size": VOCAB_SIZE,
+        "seq_len": NUM_CELLS,
         "num_puzzle_identifiers": 1,
         "total_groups": num_groups,
         "mean_puzzle_examples": 1.0,
@@ -106,7 +108,7 @@ def write_json(path: str | Path, value: object) -> None:
     Path(path).write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(1 << 22):
@@ -122,7 +124,7 @@ def content_hash(dataset_dir: str | Path) -> str:
             path = Path(dataset_dir) / split / name
             if not path.is_file():
                 raise UserError(f"{path}: missing dataset file")
-            lines.append(f"{_sha256_file(path)}  {split}/{name}\n")
+            lines.append(f"{sha256_file(path)}  {split}/{name}\n")
     return hashlib.sha256("".join(lines).encode()).hexdigest()
 
 

@@ -30,6 +30,9 @@ from trm.data.manifest import (
 )
 from trm.errors import UserError
 
+# Where hosts keep their local copies of staged datasets.
+DATASET_CACHE = os.environ.get("TRM_CACHE_DIR", str(Path.home() / ".cache" / "trm" / "datasets"))
+
 
 def find_problems(url: str, download: bool = False) -> tuple[Manifest, list[str]]:
     """The manifest at `url` and one line per missing, truncated, altered or unexpected file (empty if intact)."""

@@ -19,6 +19,7 @@ ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
 PROJECT = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
 ACCELERATOR = re.compile(r"^v[0-9]+[a-z]*-[0-9]+$")
 RUNTIME = re.compile(r"^[a-z0-9][-a-z0-9.]{0,62}$")
+PYTHON = re.compile(r"^[-A-Za-z0-9_./]+$")  # the interpreter the hosts run, a name or a path
 
 # Node states (tpu-vm describe) and queued-resource states (queued-resources describe).
 NODE_READY = "READY"

@@ -2,7 +2,7 @@
 
 Each process runs `trm train <train args>` with JAX_PLATFORMS=cpu, JAX_NUM_CPU_DEVICES=D and, for H > 1, the
 coordinator 127.0.0.1:<free port>, its process id and short failure timeouts in TRM_* variables (see
-trm/launch/distributed.py); H = 1 is a plain single-process run. Output is streamed line by line with a
+trm/run/distributed.py); H = 1 is a plain single-process run. Output is streamed line by line with a
 "[host i]" prefix. When a host fails the others are killed; SIGTERM and SIGINT are forwarded to every host as
 SIGTERM (a preemption notice: all hosts save at one step and exit 42).
 """
@@ -18,9 +18,10 @@ import sys
 import threading
 import time
 
-from trm.launch import distributed
+from trm.run import distributed
+from trm.run.spec import Run
+from trm.run.state import EXIT_PREEMPTED
 
-EXIT_PREEMPTED = 42
 # Short on purpose: on one machine a silent host is dead, and tests must not wait minutes for it.
 LOCAL_TIMEOUTS = {
     distributed.ENV_HEARTBEAT_TIMEOUT: "10",
@@ -68,7 +69,7 @@ def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode  # killed by signal N -> 128 + N, as shells do
 
 
-def run(hosts: int, devices_per_host: int, train_args: list[str]) -> int:
+def run_hosts(hosts: int, devices_per_host: int, train_args: list[str]) -> int:
     """Run `trm train train_args` on `hosts` local processes; 0 if all succeed, 42 if preempted, else a failure."""
     port = free_port()
     command = [sys.executable, "-m", "trm.cli", "train", *train_args]
@@ -158,6 +159,10 @@ def _supervise(procs: list[subprocess.Popen], lock: threading.Lock) -> tuple[lis
     return [_exit_code(p.returncode) for p in procs], first_failure
 
 
-def launch(args: argparse.Namespace, train_args: list[str]) -> int:
+def check(args: argparse.Namespace, run: Run) -> None:
+    """Nothing to check: any storage URL works for processes on this machine (registry of trm/launch/cli.py)."""
+
+
+def launch(args: argparse.Namespace, run: Run, train_args: list[str]) -> int:
     """Entry point of the registry in trm/launch/cli.py."""
-    return run(args.hosts, args.devices_per_host, train_args)
+    return run_hosts(args.hosts, args.devices_per_host, train_args)

@@ -1,6 +1,6 @@
 """Check, from this machine and before any slice is paid for, that a TPU study can run.
 
-    trm preflight --storage gs://BUCKET/trm-study --tpu-zone us-central2-b --tpu-slice trm-v4-64 [--tpu-create]
+    trm preflight --storage gs://BUCKET/trm-study --tpu-zone us-central2-b --tpu-slices trm-v4-64 [--tpu-create]
 
 One line per check, in order: gcloud installed; an active gcloud account; a project; Application Default Credentials
 (what gcsfs and orbax use on this machine: not gcloud's own login); the bucket listed, written, read and
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from trm import storage
 from trm.errors import UserError
 from trm.gcs import FIX_CREDENTIALS
-from trm.launch import gcloud
+from trm.launch import gcloud, tpu_options
 
 GCLOUD_TIMEOUT_S = 60  # one gcloud call; ssh to every host of a slice gets SSH_TIMEOUT_S
 SSH_TIMEOUT_S = 180
@@ -49,19 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--storage", help="the study's storage root, gs://BUCKET[/PATH] (the bucket is probed)"
     )
-    parser.add_argument("--tpu-zone", help="zone of the slices, e.g. us-central2-b")
-    parser.add_argument("--tpu-project", help="Google Cloud project (default: gcloud's configured one)")
-    parser.add_argument(
-        "--tpu-slice", action="append", default=[], metavar="NAME", help="a slice of the pool"
-    )
-    parser.add_argument(
-        "--tpu-create",
-        action="store_true",
-        help="missing slices will be created (checks the accelerator type)",
-    )
-    parser.add_argument(
-        "--tpu-accelerator-type", default="v4-64", help="slice type to create (default v4-64)"
-    )
+    # The launcher's flags (trm/launch/tpu_options.py). Without --tpu-zone only the machine and the bucket are
+    # checked; --tpu-create checks that the zone offers the accelerator type instead of requiring READY slices.
+    tpu_options.add_argument(parser, "zone", default=None)
+    tpu_options.add_argument(parser, "project", default=None)
+    tpu_options.add_argument(parser, "slices", default=[])
+    tpu_options.add_argument(parser, "create", default=False)
+    tpu_options.add_argument(parser, "accelerator_type", default=tpu_options.defaults()["accelerator_type"])
 
 
 def _gcloud(argv: list[str], timeout: float = GCLOUD_TIMEOUT_S) -> tuple[bool, str]:
@@ -224,7 +218,7 @@ def run_checks(args: argparse.Namespace, report: Callable[[Result], None]) -> li
         return results
     where = gcloud.Location(args.tpu_zone, args.tpu_project or None)
     api = add(check_tpu_api(where) if has_gcloud else Result("TPU API", None, "needs gcloud")).ok
-    for name in args.tpu_slice:
+    for name in args.tpu_slices:
         if not api:
             add(Result(f"slice {name}", None, "needs gcloud and the TPU API"))
             continue
@@ -240,7 +234,7 @@ def main(args: argparse.Namespace) -> int:
             raise UserError(
                 f"--storage {args.storage!r}: preflight checks gs:// storage; this is a local path"
             )
-    for name in args.tpu_slice:
+    for name in args.tpu_slices:
         gcloud.check(name, gcloud.NAME, "slice name")
     results = run_checks(args, lambda result: print(result.line(), flush=True))
     failed = [r.name for r in results if r.ok is False]

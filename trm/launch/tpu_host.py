@@ -1,11 +1,10 @@
 """The bash scripts the TPU launcher runs on every host of a slice (`gcloud ... ssh --worker=all --command=`).
 
-Each host has its own disk and HOME; everything a host needs comes from storage: the code wheel and the run's
-resolved config. Files on a host live under ~/.trm:
+Each host has its own disk and HOME; everything a host needs comes from storage: the code wheel, and the run's
+resolved config, which the trainer reads from the run dir itself. Files on a host live under ~/.trm:
 
   code/<version>/        the installed code wheel (PYTHONPATH), one folder per code version
-  runs/<hash>.json       the resolved config of a run
-  logs/<hash>.log        the trainer's output (also uploaded by the trainer to RUN_DIR/logs/host-<i>.log)
+  logs/<hash>.log        the trainer's output (also uploaded by the trainer to the run dir's logs/)
   train.pid              pid of the running trainer, which leads its own process group
 
 Every value interpolated into a script is shlex-quoted here, whatever checks the caller made.
@@ -28,12 +27,6 @@ def _code_dir(version: str) -> str:
     if not VERSION.fullmatch(version):
         raise UserError(f"code version {version!r} is not valid: expected {VERSION.pattern}")
     return f"{HOME}/code/{shlex.quote(version)}"
-
-
-def _config_file(config_hash: str) -> str:
-    if not CONFIG_HASH.fullmatch(config_hash):
-        raise UserError(f"config hash {config_hash!r} is not valid: expected {CONFIG_HASH.pattern}")
-    return f"{HOME}/runs/{config_hash}.json"
 
 
 def setup_script(
@@ -81,22 +74,21 @@ def stop_script(grace_s: int) -> str:
 
 def start_script(
     version: str,
-    config_url: str,
     config_hash: str,
     train_args: list[str],
     slice_name: str,
     python: str,
     grace_s: int,
 ) -> str:
-    """Fetch the run's config, clear stale TPU users and start `trm train` detached (it outlives the ssh call).
+    """Clear stale TPU users and start `trm train train_args` detached (it outlives the ssh call).
 
     Without TRM_COORDINATOR (a real TPU VM) the trainer finds the slice by itself (TRM_DISTRIBUTED=auto).
     """
     code = _code_dir(version)
-    config = _config_file(config_hash)
+    if not CONFIG_HASH.fullmatch(config_hash):
+        raise UserError(f"config hash {config_hash!r} is not valid: expected {CONFIG_HASH.pattern}")
     log = f"{HOME}/logs/{config_hash}.log"
-    # The config path holds "$HOME", which must expand on the host, so it is joined unquoted (it is ours).
-    train = f"{shlex.join([python, '-m', 'trm.cli', 'train', '--config'])} {config} {shlex.join(train_args)}"
+    train = shlex.join([python, "-m", "trm.cli", "train", *train_args])
     # The trainer writes its own pid: after setsid it leads a process group, so the stop script gets all of it.
     inner = f"echo $$ > {PID_FILE}; exec {train}"
     return "\n".join(
@@ -106,8 +98,7 @@ def start_script(
             "if ls /dev/accel* >/dev/null 2>&1; then sudo lsof -t /dev/accel* | xargs -r sudo kill -9 || true; fi",
             "if [ -e /tmp/libtpu_lockfile ]; then sudo rm -f /tmp/libtpu_lockfile; fi",
             "set -eu",
-            f"mkdir -p {HOME}/runs {HOME}/logs",
-            f"gcloud storage cp {shlex.quote(config_url)} {config}",
+            f"mkdir -p {HOME}/logs",
             '[ -n "${TRM_COORDINATOR:-}" ] || export TRM_DISTRIBUTED=auto',
             f"export TRM_SLICE={shlex.quote(slice_name)} PYTHONUNBUFFERED=1",
             f'export PYTHONPATH={code}"${{PYTHONPATH:+:$PYTHONPATH}}"',

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from trm import storage
 from trm.errors import UserError
-from trm.launch import distributed
+from trm.run import distributed
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = "trm"

@@ -137,34 +137,3 @@ def act_step(
         puzzle_identifiers=puzzle_identifiers,
     )
     return new_carry, StepOutputs(logits, q_halt, q_continue)
-
-
-def evaluate_batch(
-    model: TRM,
-    batch: dict[str, jax.Array],
-    *,
-    num_steps: int | None = None,
-    H_cycles: int | None = None,
-    L_cycles: int | None = None,
-) -> tuple[Carry, StepOutputs]:
-    """Run a fresh carry for exactly `num_steps` (static, default halt_max_steps) evaluation steps.
-
-    Returns the final carry (every row halted, steps = num_steps) and the final step's outputs, from which
-    evaluation metrics are taken. The steps run in a lax.fori_loop, so the model compiles once.
-    """
-    cfg = model.cfg
-    num_steps = cfg.halt_max_steps if num_steps is None else num_steps
-    batch_size = batch["inputs"].shape[0]
-
-    def step(_, state):
-        carry, _ = state
-        return act_step(
-            model, carry, batch, training=False, max_steps=num_steps, H_cycles=H_cycles, L_cycles=L_cycles
-        )
-
-    empty = StepOutputs(
-        logits=jnp.zeros((batch_size, cfg.seq_len, cfg.vocab_size), cfg.dtype),
-        q_halt_logits=jnp.zeros((batch_size,), jnp.float32),
-        q_continue_logits=jnp.zeros((batch_size,), jnp.float32),
-    )
-    return jax.lax.fori_loop(0, num_steps, step, (initial_carry(model, batch_size), empty))

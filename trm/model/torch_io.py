@@ -21,6 +21,7 @@ Import keeps the file's values (float32 holds bfloat16 exactly); export writes t
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
+from trm.data.sudoku import NUM_CELLS
 from trm.errors import UserError
 from trm.model.config import ModelConfig
 from trm.model.trm import TRM, split_state
@@ -43,6 +45,13 @@ IGNORED_KEYS = (
     "inner.rotary_emb.cos_cached",
     "inner.rotary_emb.sin_cached",
 )
+
+
+def add_seq_len_argument(parser: argparse.ArgumentParser, when: str) -> None:
+    """`--seq-len`: the puzzle length of the data, Sudoku's by default, needed `when`."""
+    parser.add_argument(
+        "--seq-len", type=int, default=NUM_CELLS, help=f"puzzle length, {when} (default %(default)s, Sudoku)"
+    )
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:

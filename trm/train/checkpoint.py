@@ -15,7 +15,7 @@ import orbax.checkpoint as ocp
 from trm import storage
 
 
-def _orbax_path(url: str) -> Any:
+def orbax_path(url: str) -> Any:
     """Orbax takes local paths as plain strings and GCS as gs:// URLs (through etils.epath)."""
     fs, path = storage.filesystem(url)
     return url if url.startswith("gs://") else path
@@ -27,7 +27,7 @@ class Checkpointer:
     def __init__(self, directory_url: str, keep: int, every_steps: int) -> None:
         self.every_steps = every_steps
         self._manager = ocp.CheckpointManager(
-            _orbax_path(directory_url),
+            orbax_path(directory_url),
             options=ocp.CheckpointManagerOptions(
                 max_to_keep=keep, create=True, enable_async_checkpointing=True
             ),

@@ -36,10 +36,7 @@ class Batch:
 
 
 def _host_rows(global_batch_size: int, process_index: int, process_count: int) -> slice:
-    if global_batch_size % process_count:
-        raise UserError(
-            f"train.global_batch_size={global_batch_size} is not divisible by the {process_count} processes"
-        )
+    """This process's contiguous block of rows (callers split the batch evenly, trm.config.batch_split_problem)."""
     per_host = global_batch_size // process_count
     return slice(process_index * per_host, (process_index + 1) * per_host)
 

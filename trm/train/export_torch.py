@@ -15,7 +15,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from trm.model.torch_io import DEFAULT_EXPORT_PREFIX, params_to_state_dict, write_torch_file
+from trm.model.torch_io import (
+    DEFAULT_EXPORT_PREFIX,
+    add_seq_len_argument,
+    params_to_state_dict,
+    write_torch_file,
+)
 from trm.train.weights import load_weights
 
 
@@ -28,12 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=(DEFAULT_EXPORT_PREFIX, "model.", ""),
         help="key prefix (default %(default)s)",
     )
-    parser.add_argument(
-        "--seq-len",
-        type=int,
-        default=81,
-        help="puzzle length, only needed when the architecture does not fix it (attention); default 81",
-    )
+    add_seq_len_argument(parser, "needed only when the architecture does not fix it (attention)")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -18,44 +18,25 @@ which resumes from that checkpoint. Needs PyTorch (pip install 'trm-study[torch]
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 from pathlib import Path
 
-from trm.config import BASE_CONFIG, load_config
+from trm.config import add_config_arguments, resolve_config_arguments
+from trm.data.format import sha256_file
 from trm.model.config import ModelConfig
-from trm.model.torch_io import read_torch_file, state_dict_to_params, strip_prefixes
+from trm.model.torch_io import add_seq_len_argument, read_torch_file, state_dict_to_params, strip_prefixes
 from trm.train.weights import write_run_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help="the original trainer's state_dict file (torch.save)")
-    parser.add_argument(
-        "--config", required=True, help="experiment YAML (over config/base.yaml) or config.json"
-    )
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override one config value (repeatable)",
-    )
+    add_config_arguments(parser)
     parser.add_argument("--out", required=True, help="run dir to create (local path, file:// or gs://)")
-    parser.add_argument(
-        "--seq-len", type=int, default=81, help="puzzle length of the data (default 81, Sudoku)"
-    )
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
+    add_seq_len_argument(parser, "of the data the model will read")
 
 
 def main(args: argparse.Namespace) -> int:
-    config = load_config(args.config, args.set, base=None if args.config.endswith(".json") else BASE_CONFIG)
+    config = resolve_config_arguments(args)
     state_dict = read_torch_file(args.checkpoint)
     tensors = strip_prefixes(state_dict)
 
@@ -72,7 +53,7 @@ def main(args: argparse.Namespace) -> int:
     params, puzzle_emb, buffers = state_dict_to_params(state_dict, model_cfg, source=args.checkpoint)
     provenance = {
         "source": str(Path(args.checkpoint).resolve()),
-        "sha256": _sha256(Path(args.checkpoint)),
+        "sha256": sha256_file(Path(args.checkpoint)),
         "format": "PyTorch state_dict of the original TRM",
         **sizes,
     }

@@ -1,4 +1,4 @@
-"""The training state and the compiled train and eval steps.
+"""The training state and the compiled train step (evaluation: trm/train/evaluator.py).
 
 The state is one pytree of plain arrays (pure dicts, no Flax objects), so orbax saves it as it is and jit
 sees no Python objects. One train step = one supervision step for every row (spec trm.md §6): forward and
@@ -6,7 +6,7 @@ backward of the ACT step, the dense optimizer, the puzzle-embedding sign-SGD and
 one jitted function with no host round trip. Recursion depth (H_cycles, L_cycles) is static: the curriculum
 gets one compiled step per distinct value, cached in `TrainStep`.
 
-Data parallelism: the state lives on a one-axis mesh "data" of all devices (trm/launch/distributed.py); the
+Data parallelism: the state lives on a one-axis mesh "data" of all devices (trm/run/distributed.py); the
 parameters, optimizer states and EMA are replicated, the ACT carry and the batch are split by rows. The
 gradients are written per device with `jax.shard_map` (`_local_gradients`): each device differentiates the
 supervision step on its own rows, then ONE `psum` sums gradients, metric sums and the touched puzzle rows over
@@ -29,12 +29,13 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, PartitionSpec
 
+from trm.config import batch_split_problem
 from trm.errors import UserError
-from trm.launch.distributed import DATA_AXIS, batch_sharded, data_mesh, put_global, put_host_rows, replicated
-from trm.model.act import Carry, HaltDraws, act_step, evaluate_batch, halt_draws, initial_carry
+from trm.model.act import Carry, HaltDraws, act_step, halt_draws, initial_carry
 from trm.model.config import ModelConfig
 from trm.model.trm import TRM, split_state
-from trm.train.ema import ema_init, ema_update, eval_params
+from trm.run.distributed import DATA_AXIS, batch_sharded, data_mesh, put_global, put_host_rows, replicated
+from trm.train.ema import ema_init, ema_update
 from trm.train.loss import METRIC_KEYS, act_loss
 from trm.train.optim import build_optimizer, build_puzzle_emb_optimizer, touched_rows
 
@@ -129,13 +130,8 @@ def state_shardings(state: TrainState, mesh: Mesh) -> TrainState:
 
 def check_train_config(train: dict, num_devices: int) -> None:
     """Refuse, before anything compiles or is written, what the train step cannot run on `num_devices`."""
-    # Every device must get the same whole number of rows of every micro-batch.
-    batch, parts = train["global_batch_size"], train["micro_batches"]
-    if batch % (parts * num_devices):
-        raise UserError(
-            f"train.global_batch_size={batch} must be divisible by train.micro_batches "
-            f"({parts}) x the number of devices ({num_devices}) = {parts * num_devices}"
-        )
+    if problem := batch_split_problem(train, num_devices):
+        raise UserError(problem)
 
 
 class TrainStep:
@@ -318,34 +314,3 @@ def _split_parts(x: jax.Array, k: int) -> jax.Array:
 def _merge_parts(parts: jax.Array) -> jax.Array:
     """The inverse of `_split_parts`: k parts [k, n / k, ...] -> rows [n, ...] in row order."""
     return parts.swapaxes(0, 1).reshape(-1, *parts.shape[2:])
-
-
-class EvalStep:
-    """`evaluate(state, batch) -> metric sums` after `num_steps` supervision steps, on the EMA weights.
-
-    `batch` holds this process's rows of a global evaluation batch.
-    """
-
-    def __init__(self, model: Model, num_steps: int, mesh: Mesh | None = None) -> None:
-        self.model = model
-        self.num_steps = num_steps
-        self.mesh = data_mesh() if mesh is None else mesh
-        self._compiled = jax.jit(self._evaluate, out_shardings=replicated(self.mesh))
-
-    def __call__(self, state: TrainState, batch: dict) -> dict[str, jax.Array]:
-        batch = put_host_rows(batch, self.mesh)
-        return self._compiled(eval_params(state.params, state.ema), state.puzzle_emb, state.buffers, batch)
-
-    def lower(self, state: TrainState, batch: dict):
-        """The lowered evaluation, from global or abstract arrays (e.g. `abstract_state`, `abstract_batch`)."""
-        return self._compiled.lower(
-            eval_params(state.params, state.ema), state.puzzle_emb, state.buffers, batch
-        )
-
-    def _evaluate(self, params, puzzle_emb, buffers, batch):
-        module = self.model.bind(params, puzzle_emb, buffers)
-        carry, outputs = evaluate_batch(module, batch, num_steps=self.num_steps)
-        _, metrics = act_loss(
-            outputs, carry, global_batch_size=batch["inputs"].shape[0], loss=module.cfg.loss
-        )
-        return metrics

@@ -1,138 +1,35 @@
-"""Train a TRM on a staged dataset, resuming exactly from the latest checkpoint in the run dir.
-
-    trm train --config config/experiments/exp01a.yaml --data file:///.../datasets/p1000-a1000 --run-dir DIR
-
-The run dir (a local path, file:// or gs:// URL) receives config.json (the resolved config), metrics.jsonl
-(train and eval records, one JSON object per line), ckpt/ (orbax checkpoints of the whole training state),
-final.json (final evaluation on the full test split, the best evaluation of the run, parameter digests), status.json (state, progress and a
-heartbeat, read by `trm status` and the TPU launcher; see trm/train/runstate.py) and _SUCCESS (written last).
-
-Running the same command again after a kill or preemption continues from the latest checkpoint and ends with
-the same parameters as an uninterrupted run. SIGTERM/SIGINT save a checkpoint and exit with code 42.
-Exit codes: 0 finished, 2 bad input, 42 stopped early (resumable).
-
-Multi-host (one process per host, see `trm launch` and trm/launch/distributed.py): every process runs this
-same command with the same config. Process 0 writes config.json, metrics.jsonl, final.json and _SUCCESS; every
-process verifies it holds the same config and code as the others, trains on its own rows of each global batch,
-writes logs/host-{i}.log and takes part in every checkpoint. SIGTERM to any host (a preemption notice) makes all
-hosts save at one agreed step and exit 42. Any other failure ends the process at once with a non-zero code, and
-the other hosts follow within a heartbeat timeout. `--run-dir` may contain `{config_hash}`.
-"""
+"""The training loop of one run: resume, train, evaluate, checkpoint, write the markers (see trm/train/cli.py)."""
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
 import signal
 import sys
 import time
-import traceback
-from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
 from trm import storage
-from trm.analysis.run_metrics import best_evaluation
-from trm.config import BASE_CONFIG, config_hash, dump_config, load_config
+from trm.config import config_hash
 from trm.data.format import load_split
 from trm.data.verify import fetch_dataset
 from trm.errors import UserError
-from trm.launch import distributed
 from trm.model.config import ModelConfig
+from trm.run import distributed, layout
+from trm.run.state import EXIT_PREEMPTED, TrainerStatus
 from trm.train.checkpoint import Checkpointer
-from trm.train.data import TrainBatches, eval_batches
+from trm.train.data import TrainBatches
+from trm.train.ema import eval_params
+from trm.train.evaluator import Evaluator, evaluate
 from trm.train.hostlog import HostLog
 from trm.train.optim import dense_lr_schedule
-from trm.train.runstate import TrainerStatus, mark_setup_failed
+from trm.train.records import MetricsLog, MetricWindow, best_evaluation, halt_step_moments
 from trm.train.schedule import cycles_at, halt_exploration_at
-from trm.train.step import EvalStep, Model, TrainState, TrainStep, check_train_config, init_state
-
-EXIT_PREEMPTED = 42
-DEFAULT_CACHE = os.environ.get("TRM_CACHE_DIR", str(Path.home() / ".cache" / "trm" / "datasets"))
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config",
-        required=True,
-        help="experiment YAML (overrides of config/base.yaml) or a "
-        "resolved config.json (complete; no base needed)",
-    )
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override one config value, e.g. --set train.epochs=10 (repeatable)",
-    )
-    parser.add_argument("--data", required=True, help="URL of the staged dataset (gs://, file:// or a path)")
-    parser.add_argument(
-        "--run-dir",
-        required=True,
-        help="URL of the run directory (created if missing); {config_hash} is replaced by the config's hash",
-    )
-    parser.add_argument(
-        "--cache-dir",
-        default=DEFAULT_CACHE,
-        help="local cache for the dataset copy (default: %(default)s, or $TRM_CACHE_DIR)",
-    )
-    parser.add_argument("--log-every", type=int, default=50, help="train metrics every N steps (default 50)")
-    parser.add_argument(
-        "--wandb",
-        action="store_true",
-        help="also log to Weights & Biases (needs the wandb package; WANDB_MODE=offline works)",
-    )
-    distributed.add_arguments(parser)
-
-
-def main(args: argparse.Namespace) -> int:
-    options = distributed.options_from_args(args)
-    distributed.initialize(options)  # before anything touches a device
-    host_log = HostLog()
-    try:
-        if options.mode == "off":
-            return _train(args, host_log)
-        return _train_as_host(args, host_log)
-    finally:
-        host_log.close()
-
-
-def _train(args: argparse.Namespace, host_log: HostLog) -> int:
-    config = load_config(args.config, args.set, base=None if args.config.endswith(".json") else BASE_CONFIG)
-    if args.log_every < 1:
-        raise UserError(f"--log-every {args.log_every}: must be >= 1")
-    run_dir = args.run_dir.replace("{config_hash}", config_hash(config))
-    try:
-        trainer = Trainer(config, args.data, run_dir, args.cache_dir, args.log_every, args.wandb, host_log)
-    except BaseException as err:
-        # A setup failure (no dataset, bad data, storage unreachable) still ends the run with a reason.
-        mark_setup_failed(run_dir, config, f"{type(err).__name__}: {err}", writer=jax.process_index() == 0)
-        raise
-    return trainer.run()
-
-
-def _train_as_host(args: argparse.Namespace, host_log: HostLog) -> int:
-    """One process of a multi-host job: `_train`, but a failure ends the process at once.
-
-    os._exit skips Python's cleanup: a normal exit would wait in JAX's shutdown barrier for hosts that may be
-    blocked in a collective. The other hosts then fail on the lost heartbeat. Success and preemption exit
-    normally, all hosts together.
-    """
-    try:
-        return _train(args, host_log)
-    except UserError as err:
-        print(f"trm train: error: {err}", file=sys.stderr)
-        code = err.exit_code
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    print(f"host {jax.process_index()} exits with code {code}", file=sys.stderr)
-    host_log.close()
-    os._exit(code)
+from trm.train.step import Model, TrainState, TrainStep, check_train_config, init_state
 
 
 def params_digest(tree: Any) -> str:
@@ -147,70 +44,6 @@ def params_digest(tree: Any) -> str:
         digest.update(jax.tree_util.keystr(path).encode())
         digest.update(np.ascontiguousarray(distributed.local_copy(leaf)).tobytes())
     return digest.hexdigest()
-
-
-class MetricsLog:
-    """metrics.jsonl in the run dir, rewritten whole at each flush (GCS objects cannot be appended to).
-
-    Only the writer (process 0) reads or writes the file; on other hosts the log is inert.
-    """
-
-    def __init__(self, url: str, resume_step: int, writer: bool = True) -> None:
-        self.url = url
-        self.writer = writer
-        self.records: list[dict] = []
-        if writer and storage.exists(url):
-            # Drop records written after the checkpoint we resume from: they will be written again.
-            for line in storage.read_text(url).splitlines():
-                if line.strip() and json.loads(line)["step"] <= resume_step:
-                    self.records.append(json.loads(line))
-
-    def add(self, record: dict) -> None:
-        self.records.append(record)
-
-    def flush(self) -> None:
-        if self.writer:
-            storage.write_text(self.url, "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.records))
-
-
-def halt_step_moments(sums: dict[str, float], count: float) -> dict[str, float | None]:
-    """Mean and variance of the supervision steps at which the counted rows halted, from metric sums (the
-    variance is None for sums saved by a version without `steps_sq`, in a resumed run's first window)."""
-    mean = sums["steps"] / count
-    variance = max(sums["steps_sq"] / count - mean * mean, 0.0) if "steps_sq" in sums else None
-    return {"steps": mean, "steps_variance": variance}
-
-
-class MetricWindow:
-    """Metric sums of the steps since the last train record.
-
-    Kept as device arrays (no host sync per step) and saved in each checkpoint's record, so a run resumed
-    mid-window logs exactly the records an uninterrupted run logs.
-    """
-
-    def __init__(self, steps: int = 0, sums: dict[str, float] | None = None) -> None:
-        self.steps = steps
-        self._parts: list[dict] = [sums] if sums else []
-
-    @classmethod
-    def from_record(cls, record: dict) -> MetricWindow:
-        saved = record.get("metric_window") or {"steps": 0, "sums": None}
-        return cls(saved["steps"], saved["sums"])
-
-    def add(self, metrics: dict) -> None:
-        self._parts.append(metrics)
-        self.steps += 1
-
-    def clear(self) -> None:
-        self._parts, self.steps = [], 0
-
-    def sums(self) -> dict[str, float]:
-        return {
-            k: float(sum(np.asarray(part[k], np.float64) for part in self._parts)) for k in self._parts[0]
-        }
-
-    def to_record(self) -> dict:
-        return {"steps": self.steps, "sums": self.sums() if self._parts else None}
 
 
 class Trainer:
@@ -236,7 +69,7 @@ class Trainer:
         check_train_config(tc, self.mesh.size)
         self._check_run_dir()
         if host_log is not None:
-            host_log.attach(storage.join(run_dir, "logs", f"host-{self.process_index}.log"))
+            host_log.attach(layout.host_log(run_dir, self.process_index))
         print(
             f"host {self.process_index} of {self.process_count}: {jax.local_device_count()} of "
             f"{jax.device_count()} devices, config {config_hash(config)}, code {distributed.code_version()}",
@@ -261,9 +94,9 @@ class Trainer:
         self.lr = dense_lr_schedule(config["optim"], self.total_steps)
         self.model = Model(self.model_cfg, seed=tc["seed"])
         self.train_step = TrainStep(self.model, config, self.total_steps, self.mesh)
-        self.eval_step = EvalStep(self.model, tc["eval_steps"], self.mesh)
+        self.evaluator = Evaluator(self.model, (tc["eval_steps"],), self.mesh)
         self.checkpoints = Checkpointer(
-            storage.join(run_dir, "ckpt"),
+            layout.path(run_dir, layout.CHECKPOINTS),
             keep=tc["keep_checkpoints"],
             every_steps=tc["checkpoint_every_steps"],
         )
@@ -291,20 +124,18 @@ class Trainer:
         distributed.check_hosts_agree(
             "config hash and code version", f"config {own}, code {distributed.code_version()}"
         )
-        url = storage.join(self.run_dir, "config.json")
-        existing = _config_hash_at(url)
-        distributed.check_hosts_agree(f"the config hash found in {url}", str(existing))
-        if existing is not None and existing != own:
-            raise UserError(
-                f"{url} holds config {existing}, not this run's {own}: use a new --run-dir for a different config"
-            )
-        if existing is None and self.is_writer:
-            storage.write_text(url, dump_config(self.config))
+        url = layout.path(self.run_dir, layout.CONFIG)
+        distributed.check_hosts_agree(
+            f"the config hash found in {url}", str(layout.stored_config_hash(self.run_dir))
+        )
+        layout.claim(self.run_dir, self.config, write=self.is_writer)
         if self.process_count > 1:
             from jax.experimental import multihost_utils
 
             multihost_utils.sync_global_devices("config.json written")
-            distributed.check_hosts_agree(f"the config hash read back from {url}", str(_config_hash_at(url)))
+            distributed.check_hosts_agree(
+                f"the config hash read back from {url}", str(layout.stored_config_hash(self.run_dir))
+            )
 
     def run(self) -> int:
         """Train to the end (0) or until a stop signal (EXIT_PREEMPTED); status.json says which, or "failed"."""
@@ -331,7 +162,7 @@ class Trainer:
             print(f"resuming from step {start} of {self.total_steps}", file=sys.stderr)
         start = start or 0
         self.status.write("running", step=start, epoch=self.batches.epoch_at(start))
-        metrics_log = MetricsLog(storage.join(self.run_dir, "metrics.jsonl"), start, writer=self.is_writer)
+        metrics_log = MetricsLog(layout.path(self.run_dir, layout.METRICS), start, writer=self.is_writer)
         self._install_signal_handlers()
         started = time.time()
         state = self._train(state, start, metrics_log, window)
@@ -381,7 +212,7 @@ class Trainer:
             multihost_utils.sync_global_devices("checkpoints committed")
         if self.is_writer:
             storage.write_text(
-                storage.join(self.run_dir, "final.json"), json.dumps(summary, indent=2, sort_keys=True)
+                layout.path(self.run_dir, layout.FINAL), json.dumps(summary, indent=2, sort_keys=True)
             )
             self.status.write(
                 "finished",
@@ -390,7 +221,7 @@ class Trainer:
                 eval_exact_accuracy=final["exact_accuracy"],
                 eval_step=self.total_steps,
             )
-            storage.write_text(storage.join(self.run_dir, "_SUCCESS"), "")
+            storage.write_text(layout.path(self.run_dir, layout.SUCCESS), "")
         if self.wandb:
             self.wandb.log({f"final/{k}": v for k, v in final.items()}, step=self.total_steps)
             self.wandb.finish()
@@ -477,22 +308,15 @@ class Trainer:
         }
 
     def _evaluate(self, state: TrainState, limit: int | None) -> dict:
-        """Metrics of the final supervision step, averaged over the real (unpadded) test puzzles."""
-        sums: dict[str, float] = {}
-        batches = eval_batches(
-            self.test_split,
-            self.train_cfg["global_batch_size"],
-            limit,
-            self.process_index,
-            self.process_count,
+        """The figures after train.eval_steps supervision steps (EMA weights when kept) on the first `limit` test
+        puzzles (all when None), in batches of the training batch: the same evaluation as `trm evaluate`."""
+        weights = self.evaluator.put_weights(
+            eval_params(state.params, state.ema), state.puzzle_emb, state.buffers
         )
-        for batch in batches:
-            for k, v in self.eval_step(state, batch.as_dict()).items():
-                sums[k] = sums.get(k, 0.0) + float(v)
-        count = max(sums.pop("count"), 1.0)
-        moments = halt_step_moments(sums, count)
-        means = {k: v / count for k, v in sums.items() if k not in ("steps", "steps_sq")}
-        return {"count": count, **means, **moments}
+        (record,) = evaluate(
+            self.evaluator, weights, self.test_split, self.train_cfg["global_batch_size"], limit
+        )
+        return record
 
     def _save(self, state: TrainState, step: int, started: float, window: MetricWindow) -> None:
         record = {
@@ -523,13 +347,6 @@ class Trainer:
             if multihost_utils.reached_preemption_sync_point(done):
                 self._stop_signal = signal.SIGTERM
         return self._stop_signal is not None
-
-
-def _config_hash_at(url: str) -> str | None:
-    """Hash of the config stored at `url`, None when there is none."""
-    if not storage.exists(url):
-        return None
-    return config_hash(json.loads(storage.read_text(url)))
 
 
 def _check_compatible(train_meta: dict, test_meta: dict) -> None:

@@ -23,11 +23,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from trm import storage
-from trm.config import dump_config, validate_config
 from trm.errors import UserError
 from trm.model.config import ModelConfig
 from trm.model.torch_io import parameter_templates
-from trm.train.checkpoint import Checkpointer
+from trm.run import layout
+from trm.train.checkpoint import Checkpointer, orbax_path
 from trm.train.step import Model, init_state
 
 
@@ -42,10 +42,6 @@ class RunWeights:
     buffers: dict  # H_init, L_init
     step: int  # optimizer steps done at the checkpoint
     source: str  # "ema" or "params"
-
-
-def _orbax_path(url: str) -> str:
-    return url if url.startswith("gs://") else storage.filesystem(url)[1]
 
 
 def _leaf_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
@@ -65,14 +61,9 @@ def read_run_config(run_dir: str) -> dict:
     """The resolved config.json of a run dir, validated; UserError if the dir or the file is missing."""
     if not storage.exists(run_dir):
         raise UserError(f"{run_dir}: no such checkpoint (run directory)")
-    url = storage.join(run_dir, "config.json")
-    if not storage.exists(url):
-        raise UserError(f"{run_dir}: not a run directory (no config.json)")
-    try:
-        config = json.loads(storage.read_text(url))
-    except json.JSONDecodeError as err:
-        raise UserError(f"{url}: not valid JSON: {err}") from None
-    return validate_config(config, source=url)
+    if not storage.exists(layout.path(run_dir, layout.CONFIG)):
+        raise UserError(f"{run_dir}: not a run directory (no {layout.CONFIG})")
+    return layout.read_config(layout.path(run_dir, layout.CONFIG))
 
 
 def load_weights(run_dir: str, seq_len: int | None = None) -> RunWeights:
@@ -84,11 +75,11 @@ def load_weights(run_dir: str, seq_len: int | None = None) -> RunWeights:
     do not fit the architecture in config.json.
     """
     config = read_run_config(run_dir)
-    ckpt_url = storage.join(run_dir, "ckpt")
+    ckpt_url = layout.path(run_dir, layout.CHECKPOINTS)
     if not storage.exists(ckpt_url):
         raise UserError(f"{run_dir}: no checkpoint (no ckpt/ directory)")
     manager = ocp.CheckpointManager(
-        _orbax_path(ckpt_url),
+        orbax_path(ckpt_url),
         item_handlers={"state": ocp.PyTreeCheckpointHandler()},
         options=ocp.CheckpointManagerOptions(read_only=True),
     )
@@ -174,8 +165,10 @@ def write_run_dir(
     Refuses an existing config.json or checkpoint. The checkpoint is committed before config.json and
     provenance.json are written, so a run dir with a config.json is complete.
     """
-    if storage.exists(storage.join(run_dir, "config.json")) or storage.exists(storage.join(run_dir, "ckpt")):
-        raise UserError(f"{run_dir}: already holds a run (config.json or ckpt/); choose a new --out")
+    if any(storage.exists(layout.path(run_dir, name)) for name in (layout.CONFIG, layout.CHECKPOINTS)):
+        raise UserError(
+            f"{run_dir}: already holds a run ({layout.CONFIG} or {layout.CHECKPOINTS}/); choose a new --out"
+        )
     model = Model(model_cfg, seed=config["train"]["seed"])
     # The optimizer's state layout does not depend on the schedule's length, so 1 step is enough here;
     # the trainer rebuilds its optimizer for the real length when it resumes.
@@ -187,9 +180,9 @@ def write_run_dir(
         buffers=jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), buffers),
         ema=jax.tree.map(lambda x: jnp.array(x, copy=True), dense) if state.ema is not None else None,
     )
-    checkpoints = Checkpointer(storage.join(run_dir, "ckpt"), keep=1, every_steps=1)
+    checkpoints = Checkpointer(layout.path(run_dir, layout.CHECKPOINTS), keep=1, every_steps=1)
     checkpoints.save(0, state, {"imported": provenance})
     checkpoints.wait()
     checkpoints.close()
-    storage.write_text(storage.join(run_dir, "config.json"), dump_config(config))
-    storage.write_text(storage.join(run_dir, "provenance.json"), json.dumps(provenance, indent=2) + "\n")
+    layout.claim(run_dir, config)
+    storage.write_text(layout.path(run_dir, layout.PROVENANCE), json.dumps(provenance, indent=2) + "\n")

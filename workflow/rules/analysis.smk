@@ -7,7 +7,7 @@ VERDICTS = os.path.join(RESULTS, "verdicts")
 rule aggregate:
     input:
         evals=expand(os.path.join(RESULTS, "eval", "{exp}.json"), exp=PLAN),
-        runs=expand(os.path.join(RESULTS, "runs", "{exp}", "config.json"), exp=PLAN),
+        runs=expand(os.path.join(RESULTS, "runs", "{exp}", layout.CONFIG), exp=PLAN),
         groups="config/groups.yaml",
     output:
         csv=report(

@@ -12,12 +12,15 @@ import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from trm.analysis.estimate import CostCache, accelerator_hours, run_flops
-from trm.analysis.plan import check_batches, parse_dataset_name, plan_study
-from trm.analysis.scale import SMOKE_POOL, TEST_PUZZLES
+from trm.config import dump_config
 from trm.errors import UserError
-from trm.storage import GCS_SCHEMES, check_url
+from trm.launch import tpu_options
+from trm.run import layout
+from trm.storage import GCS_SCHEMES, check_url, write_text
 from trm.storage import join as url_join
+from trm.study.estimate import CostCache, accelerator_hours, run_flops
+from trm.study.plan import check_batches, parse_dataset_name, plan_study
+from trm.study.scale import SMOKE_POOL, TEST_PUZZLES
 
 
 def _setting_source(dotted):
@@ -96,6 +99,14 @@ for _key, _check in _LOCATIONS:
     except UserError as err:
         raise WorkflowError(f"{_setting_source(_key)}: {err}") from None
 
+# The tpu-vm launcher's own checks of its settings (names gcloud accepts, timeouts), at dry-run time.
+_TPU = {**config["launch"]["tpu"], "code_url": config["launch"]["tpu"]["code_url"] or url_join(config["storage"], "code")}
+if config["launch"]["backend"] == "tpu-vm":
+    try:
+        tpu_options.check(_TPU)
+    except UserError as err:
+        raise WorkflowError(f"{_setting_source('launch.tpu')}: {err}") from None
+
 # Commands run with the `trm` of the environment running Snakemake, so an unactivated venv works
 # (`.venv/bin/snakemake`). Named by its folder, not by the interpreter's name: `python` and `python3` of one
 # venv must give the same command, or Snakemake sees changed params and reruns everything.
@@ -121,7 +132,7 @@ try:
     check_batches(
         list(PLAN.values()),
         DEVICES,
-        f"launch.hosts {config['launch']['hosts']} x launch.devices_per_host "
+        f"{DEVICES} devices: launch.hosts {config['launch']['hosts']} x launch.devices_per_host "
         f"{config['launch']['devices_per_host']} from {_setting_source('launch.hosts')}, scale {config['scale']}",
     )
 except UserError as err:
@@ -136,8 +147,6 @@ SELECTED_GROUPS = list(dict.fromkeys(exp.group for exp in PLAN.values()))
 DATASETS = sorted({exp.dataset for exp in PLAN.values()})
 SOFTWARE = "../envs/trm.yaml"  # every rule's conda environment (relative to the rule files)
 TEST_TIME_STEPS = ",".join(map(str, config["test_time_steps"][config["scale"]]))
-# Puzzles per `trm evaluate` batch: no larger than the test split, since padding rows cost as much as real ones.
-EVAL_BATCH_SIZE = min(256, TEST_PUZZLES[config["scale"]])
 # A persistent XLA cache: the study's many same-shaped configs (every group's baseline) compile once.
 JAX_CACHE_ENV = [
     "env",
@@ -193,7 +202,7 @@ def first_with_same_run(exp_id):
 
 def same_run_trained_first(wildcards):
     first = first_with_same_run(wildcards.exp)
-    return [] if first == wildcards.exp else [os.path.join(RESULTS, "runs", first, "final.json")]
+    return [] if first == wildcards.exp else [os.path.join(RESULTS, "runs", first, layout.FINAL)]
 
 
 def shared_evaluation(wildcards):
@@ -209,60 +218,36 @@ def run_url(exp_id):
     return url_join(STORAGE, "runs", PLAN[exp_id].run_name)
 
 
+def config_file(exp_id):
+    """The resolved config of an experiment's run, written once at parse time (below): what its job trains."""
+    return os.path.join(RESULTS, "configs", f"{PLAN[exp_id].hash}.json")
+
+
+def _write_configs():
+    """Each distinct run's resolved config as a file named by its hash. A file is written only when missing: its
+    content follows from its name, so it never changes and never makes Snakemake rerun a job."""
+    for exp in PLAN.values():
+        if not os.path.exists(config_file(exp.id)):
+            write_text(config_file(exp.id), dump_config(exp.config))  # atomic: readers never see half a file
+
+
+_write_configs()
+
+
 def train_command(exp):
     """The argv of the one command that trains an experiment; after `--`, `trm train`'s arguments."""
     launch = config["launch"]
-    train_args = [
-        "--config",
-        str(exp.path),
-        *[arg for item in exp.overrides for arg in ("--set", item)],
-        "--data",
-        dataset_url(exp.dataset),
-        "--run-dir",
-        run_url(exp.id),
-    ]
-    launch_args = [
-        "--backend",
-        launch["backend"],
-        "--hosts",
-        str(launch["hosts"]),
-        "--devices-per-host",
-        str(launch["devices_per_host"]),
-    ]
+    train_args = ["--config", config_file(exp.id), "--data", dataset_url(exp.dataset), "--run-dir", run_url(exp.id)]
+    launch_args = ["--backend", launch["backend"], "--hosts", launch["hosts"], "--devices-per-host", launch["devices_per_host"]]
     if launch["backend"] == "tpu-vm":
-        launch_args += tpu_launch_args(launch["tpu"])
-    return [*JAX_CACHE_ENV, TRM, "launch", *launch_args, "--", *train_args]
-
-
-def tpu_launch_args(tpu):
-    """`trm launch`'s tpu-vm flags from the workflow's launch.tpu settings (docs/tpu.md)."""
-    args = [arg for name in tpu["slices"] for arg in ("--tpu-slice", name)]
-    args += ["--tpu-zone", tpu["zone"], "--tpu-code-url", tpu["code_url"] or url_join(config["storage"], "code")]
-    if tpu["project"]:
-        args += ["--tpu-project", tpu["project"]]
-    args += ["--tpu-create"] * tpu["create"] + ["--tpu-delete-after"] * tpu["delete_after"]
-    if not tpu["install_dependencies"]:
-        args.append("--no-tpu-install-dependencies")
-    for name in ("accelerator_type", "runtime_version", "provisioning", "python", "lock_dir"):
-        args += [f"--tpu-{name.replace('_', '-')}", str(tpu[name])]
-    for name, flag in (
-        ("poll_seconds", "--tpu-poll-seconds"),
-        ("stale_after_seconds", "--tpu-stale-after"),
-        ("start_timeout_seconds", "--tpu-start-timeout"),
-        ("stop_grace_seconds", "--tpu-stop-grace"),
-        ("max_relaunches", "--tpu-max-relaunches"),
-    ):
-        args += [flag, str(tpu[name])]
-    return args
+        launch_args += tpu_options.flags(_TPU)
+    return [*JAX_CACHE_ENV, TRM, "launch", *map(str, launch_args), "--", *train_args]
 
 
 def preflight_command():
-    """`trm preflight` with the study's storage and the tpu-vm settings, as an argument list."""
-    tpu = config["launch"]["tpu"]
-    args = [TRM, "preflight", "--storage", config["storage"], "--tpu-zone", tpu["zone"]]
-    args += [arg for name in tpu["slices"] for arg in ("--tpu-slice", name)]
-    args += ["--tpu-project", tpu["project"]] * bool(tpu["project"]) + ["--tpu-create"] * tpu["create"]
-    return [*args, "--tpu-accelerator-type", tpu["accelerator_type"]]
+    """`trm preflight` with the study's storage and the pool's place, in the launcher's flags, as an argument list."""
+    pool = {key: _TPU[key] for key in ("zone", "project", "slices", "create", "accelerator_type")}
+    return [TRM, "preflight", "--storage", config["storage"], *tpu_options.flags(pool)]
 
 
 def estimate_message(wildcards):

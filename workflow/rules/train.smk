@@ -1,19 +1,18 @@
-# Training, one job per experiment, and test-time evaluation, one job per distinct run. The run dir (checkpoints)
-# lives in storage under its config hash; the local outputs are small copies made only after the run's _SUCCESS
-# marker, so a failed or preempted job leaves nothing that looks complete, and rerunning it resumes from the
-# latest checkpoint.
+# Training, one job per experiment, and test-time evaluation, one job per distinct run. Each job trains the resolved
+# config the plan wrote (RESULTS/configs/<hash>.json); the run dir (checkpoints) lives in storage under that hash.
+# The local outputs are small copies made only after the run's _SUCCESS marker, so a failed or preempted job leaves
+# nothing that looks complete, and rerunning it resumes from the latest checkpoint.
 
 
 rule train:
     input:
         staged=lambda wildcards: os.path.join(RESULTS, "staged", f"{PLAN[wildcards.exp].dataset}.txt"),
-        experiment=lambda wildcards: str(PLAN[wildcards.exp].path),
-        base="config/base.yaml",
+        config=lambda wildcards: config_file(wildcards.exp),
         same_run=same_run_trained_first,
     output:
-        config=os.path.join(RESULTS, "runs", "{exp}", "config.json"),
-        metrics=os.path.join(RESULTS, "runs", "{exp}", "metrics.jsonl"),
-        final=os.path.join(RESULTS, "runs", "{exp}", "final.json"),
+        config=os.path.join(RESULTS, "runs", "{exp}", layout.CONFIG),
+        metrics=os.path.join(RESULTS, "runs", "{exp}", layout.METRICS),
+        final=os.path.join(RESULTS, "runs", "{exp}", layout.FINAL),
     params:
         trm=TRM,
         command=lambda wildcards: train_command(PLAN[wildcards.exp]),
@@ -39,7 +38,8 @@ rule train:
 
 rule evaluate:
     # Test-time scaling: the run's latest checkpoint (EMA weights when kept) on the whole test split, scored after
-    # each of test_time_steps supervision steps in one pass. Only the first experiment of a shared run evaluates it.
+    # each of test_time_steps supervision steps in one pass, by the trainer's own evaluator and batch (so its figures
+    # at train.eval_steps are the trainer's final ones). Only the first experiment of a shared run evaluates it.
     input:
         final=rules.train.output.final,
         staged=lambda wildcards: os.path.join(RESULTS, "staged", f"{PLAN[wildcards.exp].dataset}.txt"),
@@ -52,7 +52,6 @@ rule evaluate:
         run_dir=lambda wildcards: run_url(wildcards.exp),
         data=lambda wildcards: dataset_url(PLAN[wildcards.exp].dataset),
         steps=TEST_TIME_STEPS,
-        batch_size=EVAL_BATCH_SIZE,
     conda:
         SOFTWARE
     log:
@@ -61,7 +60,7 @@ rule evaluate:
         os.path.join(RESULTS, "benchmarks", "evaluate", "{exp}.tsv")
     shell:
         "{params.env:q} {params.trm:q} evaluate --checkpoint {params.run_dir:q} --data {params.data:q} --split test "
-        "--steps {params.steps:q} --batch-size {params.batch_size:q} --out {output.json:q} > {log:q} 2>&1"
+        "--steps {params.steps:q} --out {output.json:q} > {log:q} 2>&1"
 
 
 rule run_metrics:

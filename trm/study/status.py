@@ -5,7 +5,7 @@
     trm status --watch                          refresh every 30 s until Ctrl-C
 
 Run dirs are found below the storage root (ROOT/<scale>/runs/<hash>/, ROOT/runs/<hash>/ or ROOT itself). Each
-run's state comes from the markers its trainer and launcher write (trm/train/runstate.py), never from a guess:
+run's state comes from the markers its trainer and launcher write (trm/run/state.py), never from a guess:
 
   queued      the launcher waits for a TPU slice          running    the trainer's heartbeat is fresh
   starting    the launcher is starting the workers        lost       "running", but no heartbeat for --stale-after s
@@ -30,11 +30,13 @@ import yaml
 from trm import storage
 from trm.config import CONFIG_DIR
 from trm.errors import UserError
-from trm.train.runstate import STALE_AFTER_S, RunState, read_run
+from trm.launch import tpu_options
+from trm.run import layout
+from trm.run.state import RunState, read_run
+from trm.study.scale import SCALES
 
-RUN_MARKERS = ("config.json", "status.json", "launch.json")
-NOT_RUN_DIRS = {"ckpt", "logs", "datasets", "code"}  # folders the search never descends into
-SCALES = ("smoke", "paper")
+RUN_MARKERS = (layout.CONFIG, layout.STATUS, layout.LAUNCH)
+NOT_RUN_DIRS = {layout.CHECKPOINTS, layout.LOGS, "datasets", "code"}  # folders the search never descends into
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stale-after",
         type=float,
-        default=STALE_AFTER_S,
+        default=tpu_options.defaults()["stale_after_seconds"],  # launch.tpu.stale_after_seconds
         metavar="SECONDS",
         help="a running trainer whose heartbeat is older than this is shown as lost (default %(default)g)",
     )
@@ -82,7 +84,7 @@ def _scale_of(run_dir: str) -> str | None:
 
 def experiments_by_hash(scale: str) -> dict[str, list[str]]:
     """config hash -> the study's experiment ids with that config at `scale`."""
-    from trm.analysis.plan import plan_study
+    from trm.study.plan import plan_study
 
     names: dict[str, list[str]] = {}
     for exp in plan_study(scale, "all", "all", source="trm status"):

@@ -15,9 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from trm.analysis.verdicts import describe
-from trm.config import CONFIG_DIR, EXPERIMENTS_DIR, GROUPS_PATH, load_config, load_groups
-from trm.config.groups import METRICS
+from trm.config import CONFIG_DIR, EXPERIMENTS_DIR, load_config
+from trm.study.groups import GROUPS_PATH, METRICS, describe, load_groups
 
 DOCS_DIR = CONFIG_DIR.parent / "docs" / "experiments"
 GENERATED = (
@@ -126,7 +125,7 @@ def group_guide(group: dict, experiments_dir: Path) -> str:
     lines += [
         f"Everything else is the baseline's (config/base.yaml, the paper's Sudoku-Extreme MLP-T recipe): {fixed}.",
         "At the smoke scale (the workflow's default) every experiment is shrunk to run on a CPU, keeping what the",
-        "group varies (trm/analysis/scale.py).",
+        "group varies (trm/study/scale.py).",
         "",
         "## Metrics",
         "",

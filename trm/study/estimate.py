@@ -14,8 +14,6 @@ import os
 import tempfile
 from pathlib import Path
 
-SUDOKU_METADATA = {"vocab_size": 11, "seq_len": 81, "num_puzzle_identifiers": 1}
-
 
 def training_steps(config: dict) -> int:
     """Optimizer steps of a run, as the trainer counts them (whole batches per evaluation interval)."""
@@ -26,10 +24,11 @@ def training_steps(config: dict) -> int:
 
 def model_costs(config: dict) -> dict:
     """Parameter count and per-example FLOPs of one training and one evaluation supervision step."""
+    from trm.data.format import sudoku_metadata
     from trm.model.config import ModelConfig  # imports JAX: only when a cost is not cached
     from trm.model.flops import count_params, flops_per_example_step, forward_flops_per_example_step
 
-    model = ModelConfig.from_dict(config["arch"], SUDOKU_METADATA)
+    model = ModelConfig.from_dict(config["arch"], sudoku_metadata(1))
     return {
         "parameter_count": count_params(model),
         "train_flops_per_example_step": flops_per_example_step(model),

@@ -23,12 +23,11 @@ from dataclasses import dataclass, field
 
 from trm import storage
 from trm.config import config_hash
+from trm.run import layout
 
-STATUS_FILE = "status.json"
-LAUNCH_FILE = "launch.json"
-SUCCESS_FILE = "_SUCCESS"
+# Exit code of a trainer, and of a job, that stopped early with a checkpoint: run it again to resume.
+EXIT_PREEMPTED = 42
 HEARTBEAT_S = 60.0  # the trainer refreshes its heartbeat at least this often while it trains
-STALE_AFTER_S = 600.0  # default: a heartbeat older than this is lost (compiles and evaluations pause it)
 
 # What the trainer writes in status.json.
 TRAINER_STATES = ("running", "preempted", "failed", "finished")
@@ -57,7 +56,7 @@ def write_status(run_dir: str, status: dict) -> None:
     if status.get("state") not in TRAINER_STATES:
         raise ValueError(f"trainer state {status.get('state')!r} is not one of {TRAINER_STATES}")
     record = {**status, "updated_at": _now()}
-    storage.write_text(storage.join(run_dir, STATUS_FILE), json.dumps(record, sort_keys=True))
+    storage.write_text(layout.path(run_dir, layout.STATUS), json.dumps(record, sort_keys=True))
 
 
 def mark_setup_failed(run_dir: str, config: dict, error: str, writer: bool) -> None:
@@ -68,10 +67,9 @@ def mark_setup_failed(run_dir: str, config: dict, error: str, writer: bool) -> N
     if not writer:
         return
     try:
-        existing = _read_json(storage.join(run_dir, "config.json"))
-        if existing is None or config_hash(existing) != config_hash(config):
+        if layout.stored_config_hash(run_dir) != config_hash(config):
             return
-        previous = _read_json(storage.join(run_dir, STATUS_FILE)) or {}
+        previous = _read_json(layout.path(run_dir, layout.STATUS)) or {}
         fields = {
             "config_hash": config_hash(config),
             "slice": os.environ.get("TRM_SLICE") or previous.get("slice"),
@@ -92,7 +90,7 @@ def write_launch(run_dir: str, state: str, slice_name: str | None, attempt: int,
         "message": message,
         "updated_at": _now(),
     }
-    storage.write_text(storage.join(run_dir, LAUNCH_FILE), json.dumps(record, sort_keys=True))
+    storage.write_text(layout.path(run_dir, layout.LAUNCH), json.dumps(record, sort_keys=True))
 
 
 def _read_json(url: str) -> dict | None:
@@ -125,9 +123,11 @@ class RunState:
 
 
 def run_state(
-    status: dict | None, launch: dict | None, finished: bool, now: float, stale_after_s: float = STALE_AFTER_S
+    status: dict | None, launch: dict | None, finished: bool, now: float, stale_after_s: float | None = None
 ) -> tuple[str, str, float | None]:
-    """(state, detail, heartbeat age) from the markers; the rules are the module docstring's."""
+    """(state, detail, heartbeat age) from the markers; the rules are the module docstring's. Without
+    `stale_after_s` no heartbeat counts as lost (the launcher's and `trm status`'s threshold:
+    launch.tpu.stale_after_seconds)."""
     status, launch = status or {}, launch or {}
     age = now - status["updated_at"] if "updated_at" in status else None
     if finished:
@@ -144,7 +144,7 @@ def run_state(
     if launch_state in ("queued", "starting", "preempted") and launch_newer:
         return launch_state, launch.get("message", ""), age
     if trainer_state in ("running", "finished"):  # "finished" but no _SUCCESS yet: the last markers are due
-        if age is not None and age > stale_after_s:
+        if age is not None and stale_after_s is not None and age > stale_after_s:
             return "lost", f"no heartbeat for {age:.0f} s", age
         return "running", "", age
     if trainer_state == "preempted":
@@ -154,11 +154,11 @@ def run_state(
     return "unknown", "no status.json", age
 
 
-def read_run(run_dir: str, now: float | None = None, stale_after_s: float = STALE_AFTER_S) -> RunState:
+def read_run(run_dir: str, now: float | None = None, stale_after_s: float | None = None) -> RunState:
     """The state of the run in `run_dir` (any storage URL), read from its markers."""
-    status = _read_json(storage.join(run_dir, STATUS_FILE))
-    launch = _read_json(storage.join(run_dir, LAUNCH_FILE))
-    finished = storage.exists(storage.join(run_dir, SUCCESS_FILE))
+    status = _read_json(layout.path(run_dir, layout.STATUS))
+    launch = _read_json(layout.path(run_dir, layout.LAUNCH))
+    finished = layout.finished(run_dir)
     state, detail, age = run_state(status, launch, finished, _now() if now is None else now, stale_after_s)
     return RunState(run_dir, state, detail, status or {}, launch or {}, age)
 
@@ -170,7 +170,7 @@ class TrainerStatus:
     def __init__(self, run_dir: str, writer: bool, **fields) -> None:
         self.run_dir = run_dir
         self.writer = writer
-        previous = (_read_json(storage.join(run_dir, STATUS_FILE)) or {}) if writer else {}
+        previous = (_read_json(layout.path(run_dir, layout.STATUS)) or {}) if writer else {}
         self._elapsed_before = float(previous.get("elapsed_s", 0.0))
         self._attempt_start = _now()
         self._last_write = float("-inf")

@@ -6,12 +6,13 @@ Dividing a key, rather than setting it, keeps the dimension a group varies: exp0
 depths, halting, dtype, optimizer, EMA, schedules' switches) keep their experiment's value. A smoke run costs
 about 0.2 TFLOP (half training, half the two evaluations): compute, not only compilation, sets its time on a CPU.
 
-The overrides are expressed as `--set key=value` items, so `trm train --config <experiment> --set ...` resolves
-exactly the config the workflow planned; the resolved config, hence its hash, differs between scales.
+The plan (trm/study/plan.py) applies them to each experiment's resolved config and writes the result as the one file
+the run trains; the resolved config, hence its hash, differs between scales.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -39,12 +40,6 @@ SMOKE_POOL = {"train": 100, "test": 16}
 TEST_PUZZLES = {"smoke": SMOKE_POOL["test"], "paper": 423_168}
 
 
-def _get(config: dict, dotted: str) -> Any:
-    for key in dotted.split("."):
-        config = config[key]
-    return config
-
-
 def _apply(rule: tuple, value: Any) -> Any:
     if rule[0] == "set":
         return rule[1]
@@ -52,14 +47,17 @@ def _apply(rule: tuple, value: Any) -> Any:
     return max(minimum, math.floor(value / divisor + 0.5))
 
 
-def scale_overrides(config: dict, scale: str) -> list[str]:
-    """The `--set key=value` items that turn an experiment's resolved paper config into `scale`."""
+def at_scale(config: dict, scale: str) -> dict:
+    """A copy of an experiment's resolved paper config with the rules of `scale` applied (not validated)."""
     if scale not in SCALES:
         raise UserError(f"unknown scale {scale!r}: one of {', '.join(SCALES)}")
+    scaled = copy.deepcopy(config)
     if scale == "paper":
-        return []
-    items = []
+        return scaled
     for key, rule in SMOKE.items():
-        value = _apply(rule, _get(config, key))
-        items.append(f"{key}={'null' if value is None else value}")
-    return items
+        *path, leaf = key.split(".")
+        section = scaled
+        for part in path:
+            section = section[part]
+        section[leaf] = _apply(rule, section[leaf])
+    return scaled

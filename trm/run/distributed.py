@@ -34,6 +34,8 @@ ENV_PROCESS_ID = "TRM_PROCESS_ID"
 ENV_HEARTBEAT_TIMEOUT = "TRM_HEARTBEAT_TIMEOUT"
 ENV_INIT_TIMEOUT = "TRM_INIT_TIMEOUT"
 ENV_SHUTDOWN_TIMEOUT = "TRM_SHUTDOWN_TIMEOUT"
+# Seconds, when neither a flag nor its variable sets them.
+DEFAULT_TIMEOUTS = {"heartbeat_timeout": 60, "init_timeout": 300, "shutdown_timeout": 60}
 
 
 @dataclass(frozen=True)
@@ -41,12 +43,12 @@ class DistributedOptions:
     """How this process joins the job. mode: "off" (one process), "auto" (TPU VM) or "explicit"."""
 
     mode: str
-    coordinator: str | None = None
-    num_processes: int | None = None
-    process_id: int | None = None
-    heartbeat_timeout: int = 60
-    init_timeout: int = 300
-    shutdown_timeout: int = 60
+    coordinator: str | None
+    num_processes: int | None
+    process_id: int | None
+    heartbeat_timeout: int
+    init_timeout: int
+    shutdown_timeout: int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,20 +90,20 @@ def options_from_args(args: argparse.Namespace) -> DistributedOptions:
     """The distributed settings of `args` (see `add_arguments`), completed from the environment."""
     coordinator = args.coordinator or os.environ.get(ENV_COORDINATOR) or None
     auto = args.distributed_auto or os.environ.get(ENV_DISTRIBUTED, "").strip().lower() == "auto"
+    variables = {
+        "heartbeat_timeout": ENV_HEARTBEAT_TIMEOUT,
+        "init_timeout": ENV_INIT_TIMEOUT,
+        "shutdown_timeout": ENV_SHUTDOWN_TIMEOUT,
+    }
     timeouts = {
-        "heartbeat_timeout": _int_setting(
-            args.heartbeat_timeout, ENV_HEARTBEAT_TIMEOUT, "--heartbeat-timeout", 60
-        ),
-        "init_timeout": _int_setting(args.init_timeout, ENV_INIT_TIMEOUT, "--init-timeout", 300),
-        "shutdown_timeout": _int_setting(
-            args.shutdown_timeout, ENV_SHUTDOWN_TIMEOUT, "--shutdown-timeout", 60
-        ),
+        name: _int_setting(getattr(args, name), env, f"--{name.replace('_', '-')}", DEFAULT_TIMEOUTS[name])
+        for name, env in variables.items()
     }
     for name, value in timeouts.items():
         if value < 1:
             raise UserError(f"--{name.replace('_', '-')} {value}: must be >= 1 second")
     if auto:
-        return DistributedOptions("auto", **timeouts)
+        return DistributedOptions("auto", None, None, None, **timeouts)
     num_processes = _int_setting(args.num_processes, ENV_NUM_PROCESSES, "--num-processes", None)
     process_id = _int_setting(args.process_id, ENV_PROCESS_ID, "--process-id", None)
     if coordinator is None:
@@ -109,7 +111,7 @@ def options_from_args(args: argparse.Namespace) -> DistributedOptions:
             raise UserError(
                 f"--num-processes/--process-id need --coordinator HOST:PORT (or {ENV_COORDINATOR})"
             )
-        return DistributedOptions("off", **timeouts)
+        return DistributedOptions("off", None, None, None, **timeouts)
     if num_processes is None or process_id is None:
         raise UserError(
             f"--coordinator {coordinator} needs --num-processes and --process-id "

@@ -1,30 +1,29 @@
 """The study plan the workflow runs: which experiments, their resolved configs at a scale, and their datasets.
 
 Built at parse time by workflow/rules/common.smk (no checkpoints: every job is known to a dry run). Each
-experiment resolves as config/base.yaml <- config/experiments/<id>.yaml <- the scale's overrides; its config hash
-names its run directory, and (data.train_puzzles, data.num_aug) names the dataset it trains on, so experiments
-sharing a dataset (exp04a_1000 and every baseline) share one build.
+experiment resolves once, as config/base.yaml <- config/experiments/<id>.yaml, then the scale's rules
+(trm/study/scale.py); the workflow writes the result to RESULTS/configs/<hash>.json, the one file its run trains.
+The config hash names the run directory, and (data.train_puzzles, data.num_aug) names the dataset it trains on, so
+experiments sharing a dataset (exp04a_1000 and every baseline) share one build.
 """
 
 from __future__ import annotations
 
-import copy
 import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
-from trm.analysis.scale import SMOKE_POOL, scale_overrides
 from trm.config import (
     EXPERIMENTS_DIR,
-    GROUPS_PATH,
+    batch_split_problem,
     config_hash,
     experiment_ids,
     load_config,
-    load_groups,
-    parse_set,
     validate_config,
 )
 from trm.errors import UserError
+from trm.study.groups import GROUPS_PATH, load_groups
+from trm.study.scale import SMOKE_POOL, at_scale
 
 
 @dataclass(frozen=True)
@@ -34,8 +33,7 @@ class Experiment:
     id: str
     group: str
     path: Path  # config/experiments/<id>.yaml
-    overrides: tuple[str, ...]  # the scale's `--set` items
-    config: dict  # resolved: base <- experiment file <- overrides
+    config: dict  # resolved: base <- experiment file, then the scale's rules
     hash: str  # config_hash(config): names the run directory
 
     @property
@@ -57,23 +55,6 @@ def parse_dataset_name(name: str) -> tuple[int, int]:
     """(train_puzzles, num_aug) of a dataset name made by `dataset_name`."""
     puzzles, aug = name.removeprefix("p").split("-a")
     return int(puzzles), int(aug)
-
-
-def _merge(into: dict, overrides: dict) -> None:
-    for key, value in overrides.items():
-        if isinstance(value, dict):
-            _merge(into[key], value)
-        else:
-            into[key] = value
-
-
-def _with_overrides(config: dict, overrides: tuple[str, ...], source: str) -> dict:
-    """`config` with `--set` items applied and validated: what `load_config(path, overrides)` returns, without
-    reading and validating the files again (half the parse time of a dry run)."""
-    merged = copy.deepcopy(config)
-    for item in overrides:
-        _merge(merged, parse_set(item))
-    return validate_config(merged, f"{source} with the scale's overrides")
 
 
 def _choose(requested: str | list[str], known: list[str], what: str, source: str) -> list[str]:
@@ -122,33 +103,28 @@ def plan_study(
     for exp_id in selected:
         path = Path(experiments_dir) / f"{exp_id}.yaml"
         paper = load_config(path)
-        overrides = tuple(scale_overrides(paper, scale))
-        config = _with_overrides(paper, overrides, str(path)) if overrides else paper
+        config = (
+            paper
+            if scale == "paper"
+            else validate_config(at_scale(paper, scale), f"{path} at the {scale} scale")
+        )
         if scale == "smoke" and config["data"]["train_puzzles"] > SMOKE_POOL["train"]:
             raise UserError(
                 f"{path}: data.train_puzzles {paper['data']['train_puzzles']} needs "
                 f"{config['data']['train_puzzles']} smoke puzzles, more than the pool's {SMOKE_POOL['train']}"
             )
-        plan.append(Experiment(exp_id, group_of[exp_id], path, overrides, config, config_hash(config)))
+        plan.append(Experiment(exp_id, group_of[exp_id], path, config, config_hash(config)))
     return plan
 
 
 def check_batches(plan: list[Experiment], devices: int, where: str) -> None:
-    """Refuse at plan time the experiments the job's devices cannot train: the trainer's own rule
-    (trm.train.step.check_train_config, which imports JAX) that every device gets the same whole number of rows
-    of every micro-batch. `where` names the settings that give the device count."""
-    bad = [
-        exp
-        for exp in plan
-        if exp.config["train"]["global_batch_size"] % (exp.config["train"]["micro_batches"] * devices)
+    """Refuse at plan time the experiments the job's devices cannot train, by the trainer's own rule
+    (`batch_split_problem`). `where` names the settings that give the device count."""
+    problems = [
+        (exp, problem) for exp in plan if (problem := batch_split_problem(exp.config["train"], devices))
     ]
-    if not bad:
+    if not problems:
         return
-    lines = [
-        f"{exp.path}: train.global_batch_size={exp.config['train']['global_batch_size']} must be divisible by "
-        f"train.micro_batches ({exp.config['train']['micro_batches']}) x the job's {devices} devices ({where}) = "
-        f"{exp.config['train']['micro_batches'] * devices}"
-        for exp in bad[:3]
-    ]
-    more = f" (and {len(bad) - 3} more experiments)" if len(bad) > 3 else ""
+    lines = [f"{exp.path}: {problem} ({where})" for exp, problem in problems[:3]]
+    more = f" (and {len(problems) - 3} more experiments)" if len(problems) > 3 else ""
     raise UserError("; ".join(lines) + more + ": choose a batch that divides, or another device count")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from trm.config.load import CONFIG_DIR, EXPERIMENTS_DIR, experiment_ids, schema
+from trm.config import CONFIG_DIR, EXPERIMENTS_DIR, experiment_ids, schema
 from trm.errors import UserError
 
 GROUPS_PATH = CONFIG_DIR / "groups.yaml"
@@ -128,6 +128,38 @@ def _criterion_errors(criterion, where: str, members: list[str]) -> list[str]:
         if isinstance(criterion["members"], list) and len(criterion["members"]) < 2:
             errors.append(f"{where}: members: a monotonic check needs at least two members")
     return errors
+
+
+def format_number(x: float) -> str:
+    """A figure of a criterion or a verdict: thousands separated when large, else 4 significant digits."""
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
+
+
+def signed(margin: float) -> str:
+    return f"{'-' if margin < 0 else '+'} {format_number(abs(margin))}"
+
+
+def describe(criterion: dict) -> str:
+    """The machine check of a criterion in words (its metric aside), e.g. 'each of exp01d, exp01e <= exp01c + 0.01'."""
+    kind, members = criterion["check"], ", ".join(criterion["members"])
+    if kind == "best_is_one_of":
+        return f"the highest of all the group's members is one of {members}"
+    if kind == "monotonic":
+        wrong_way = "falls" if criterion["direction"] == "increasing" else "rises"
+        tolerance = format_number(criterion.get("tolerance", 0))
+        return f"over {members}, in this order, it never {wrong_way} by more than {tolerance}"
+    if "value" in criterion:
+        reference = format_number(criterion["value"])
+    elif len(criterion["reference"]) == 1:
+        reference = criterion["reference"][0]
+    else:
+        reference = f"the highest of {', '.join(criterion['reference'])}"
+    each = "each of " if len(criterion["members"]) > 1 else ""
+    if kind == "within":
+        return f"{each}{members} within {format_number(criterion['tolerance'])} of {reference}"
+    margin = criterion.get("margin", 0)
+    limit = f"{reference} {signed(margin)}" if margin else reference
+    return f"{each}{members} {'>=' if kind == 'at_least' else '<='} {limit}"
 
 
 def _guide_errors(group: dict, name: str) -> list[str]:

@@ -1,0 +1,82 @@
+"""The shape of the package (docs/architecture.md): imports flow one way down the pipeline, no module grows past
+400 lines, and one module names the files of a run directory."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "trm"
+# The packages in pipeline order: each may import itself, the foundation and the packages before it.
+ORDER = ["config", "data", "model", "run", "train", "launch", "study", "analysis"]
+FOUNDATION = {"errors", "storage", "gcs"}  # modules of trm/ itself, importable from anywhere
+MAX_LINES = 400  # a module a researcher reads in one sitting
+
+
+def _layer(module: str) -> str:
+    """'trm.train.step' -> 'train'; 'trm.storage' -> 'storage'."""
+    return module.split(".")[1]
+
+
+def _imports(path: Path) -> set[str]:
+    """Every trm module `path` imports, at the top or inside a function."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("trm.")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "trm":
+            if node.module == "trm":  # from trm import storage
+                found |= {f"trm.{alias.name}" for alias in node.names}
+            else:
+                found.add(node.module)
+    return found
+
+
+def _modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_imports_flow_one_way_down_the_pipeline():
+    wrong = []
+    for path in _modules():
+        own = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+        if own == "cli":  # the `trm` command: imports each subcommand's module by name when it runs
+            continue
+        allowed = FOUNDATION | ({own} | set(ORDER[: ORDER.index(own)]) if own in ORDER else FOUNDATION)
+        wrong += [f"{path.relative_to(REPO)} imports {m}" for m in _imports(path) if _layer(m) not in allowed]
+    assert not wrong, "imports against the pipeline order " + " -> ".join(ORDER) + ":\n" + "\n".join(wrong)
+
+
+def test_every_package_is_placed_in_the_order():
+    packages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    modules = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__", "cli"}
+    assert packages == set(ORDER) and modules == FOUNDATION
+
+
+def test_no_module_is_longer_than_400_lines():
+    long = {
+        str(p.relative_to(REPO)): n for p in _modules() if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, long
+
+
+RUN_FILES = ("config.json", "_SUCCESS", "final.json", "status.json", "launch.json", "metrics.jsonl", "ckpt")
+
+
+def test_only_the_layout_module_names_the_files_of_a_run_dir():
+    layout = PACKAGE / "run" / "layout.py"
+    named = []
+    for path in _modules():
+        if path == layout:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in RUN_FILES:
+                named.append(f"{path.relative_to(REPO)}:{node.lineno} {node.value!r}")
+    quoted = re.compile("[\"'](" + "|".join(map(re.escape, RUN_FILES)) + ")[\"']")
+    for path in [REPO / "Snakefile", *sorted((REPO / "workflow" / "rules").glob("*.smk"))]:
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if quoted.search(line):
+                named.append(f"{path.relative_to(REPO)}:{number}")
+    assert not named, named

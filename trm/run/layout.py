@@ -1,0 +1,80 @@
+"""The layout of a run directory: the one module that names its files.
+
+A run dir is a local path, file:// or gs:// URL; the study names it by its config hash (STORAGE/SCALE/runs/HASH).
+
+  config.json       the resolved config, canonical JSON; written first, it ties the dir to that config
+  ckpt/             orbax checkpoints of the whole training state (trm/train/checkpoint.py)
+  metrics.jsonl     train and eval records, one JSON object per line (trm/train/records.py)
+  logs/host-I.log   the output of host I
+  status.json       the trainer's state, progress and heartbeat (trm/run/state.py)
+  launch.json       the launcher's state (trm/run/state.py)
+  final.json        the final evaluation and the run's summary
+  provenance.json   where imported weights came from (`trm import-torch`)
+  _SUCCESS          written last: the run finished
+
+`trm collect-run` copies COLLECTED into a local folder of the same layout (final.json last).
+"""
+
+from __future__ import annotations
+
+import json
+
+from trm import storage
+from trm.config import config_hash, dump_config, validate_config
+from trm.errors import UserError
+
+CONFIG = "config.json"
+CHECKPOINTS = "ckpt"
+METRICS = "metrics.jsonl"
+LOGS = "logs"
+STATUS = "status.json"
+LAUNCH = "launch.json"
+FINAL = "final.json"
+PROVENANCE = "provenance.json"
+SUCCESS = "_SUCCESS"
+COLLECTED = (CONFIG, METRICS, FINAL)  # final.json last: its presence marks a complete copy
+
+
+def path(run_dir: str, name: str) -> str:
+    """The URL of file `name` (one of the names above) in `run_dir`."""
+    return storage.join(run_dir, name)
+
+
+def host_log(run_dir: str, process_index: int) -> str:
+    return storage.join(run_dir, LOGS, f"host-{process_index}.log")
+
+
+def finished(run_dir: str) -> bool:
+    return storage.exists(path(run_dir, SUCCESS))
+
+
+def read_config(url: str) -> dict:
+    """The resolved config at `url` (a config.json), validated; UserError naming the file when it is not one."""
+    if not storage.exists(url):
+        raise UserError(f"{url}: config file not found")
+    try:
+        config = json.loads(storage.read_text(url))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UserError(f"{url}: not valid JSON: {err}") from None
+    return validate_config(config, source=url)
+
+
+def stored_config_hash(run_dir: str) -> str | None:
+    """The hash of the config in `run_dir`'s config.json; None when there is none."""
+    url = path(run_dir, CONFIG)
+    if not storage.exists(url):
+        return None
+    return config_hash(json.loads(storage.read_text(url)))
+
+
+def claim(run_dir: str, config: dict, write: bool = True) -> None:
+    """Tie `run_dir` to `config`: write its config.json (when `write` and there is none yet), and refuse a run dir
+    that holds another config, since its checkpoints belong to that one."""
+    stored, own = stored_config_hash(run_dir), config_hash(config)
+    if stored is not None and stored != own:
+        raise UserError(
+            f"{path(run_dir, CONFIG)} holds config {stored}, not this run's {own}: "
+            "use a new --run-dir for a different config"
+        )
+    if stored is None and write:
+        storage.write_text(path(run_dir, CONFIG), dump_config(config))

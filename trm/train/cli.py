@@ -1,0 +1,101 @@
+"""Train a TRM on a staged dataset, resuming exactly from the latest checkpoint in the run dir.
+
+    trm train --config config/experiments/exp01a.yaml --data file:///.../datasets/p1000-a1000 --run-dir DIR
+
+The run dir (a local path, file:// or gs:// URL) receives config.json (the resolved config), metrics.jsonl
+(train and eval records, one JSON object per line), ckpt/ (orbax checkpoints of the whole training state),
+final.json (final evaluation on the full test split, the best evaluation of the run, parameter digests), status.json (state, progress and a
+heartbeat, read by `trm status` and the TPU launcher; see trm/run/state.py) and _SUCCESS (written last).
+
+Running the same command again after a kill or preemption continues from the latest checkpoint and ends with
+the same parameters as an uninterrupted run. SIGTERM/SIGINT save a checkpoint and exit with code 42.
+Exit codes: 0 finished, 2 bad input, 42 stopped early (resumable).
+
+Multi-host (one process per host, see `trm launch` and trm/run/distributed.py): every process runs this
+same command with the same config. Process 0 writes config.json, metrics.jsonl, final.json and _SUCCESS; every
+process verifies it holds the same config and code as the others, trains on its own rows of each global batch,
+writes logs/host-{i}.log and takes part in every checkpoint. SIGTERM to any host (a preemption notice) makes all
+hosts save at one agreed step and exit 42. Any other failure ends the process at once with a non-zero code, and
+the other hosts follow within a heartbeat timeout. `--run-dir` may contain `{config_hash}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+import jax
+
+from trm.data.verify import DATASET_CACHE
+from trm.errors import UserError
+from trm.run import distributed, spec
+from trm.run.state import mark_setup_failed
+from trm.train.hostlog import HostLog
+from trm.train.trainer import Trainer
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    spec.add_arguments(parser)
+    parser.add_argument(
+        "--cache-dir",
+        default=DATASET_CACHE,
+        help="local cache for the dataset copy (default: %(default)s, or $TRM_CACHE_DIR)",
+    )
+    parser.add_argument("--log-every", type=int, default=50, help="train metrics every N steps (default 50)")
+    parser.add_argument(
+        "--wandb",
+        action="store_true",
+        help="also log to Weights & Biases (needs the wandb package; WANDB_MODE=offline works)",
+    )
+    distributed.add_arguments(parser)
+
+
+def main(args: argparse.Namespace) -> int:
+    options = distributed.options_from_args(args)
+    distributed.initialize(options)  # before anything touches a device
+    host_log = HostLog()
+    try:
+        if options.mode == "off":
+            return _train(args, host_log)
+        return _train_as_host(args, host_log)
+    finally:
+        host_log.close()
+
+
+def _train(args: argparse.Namespace, host_log: HostLog) -> int:
+    run = spec.resolve(args)
+    if args.log_every < 1:
+        raise UserError(f"--log-every {args.log_every}: must be >= 1")
+    try:
+        trainer = Trainer(
+            run.config, run.data, run.run_dir, args.cache_dir, args.log_every, args.wandb, host_log
+        )
+    except BaseException as err:
+        # A setup failure (no dataset, bad data, storage unreachable) still ends the run with a reason.
+        mark_setup_failed(
+            run.run_dir, run.config, f"{type(err).__name__}: {err}", writer=jax.process_index() == 0
+        )
+        raise
+    return trainer.run()
+
+
+def _train_as_host(args: argparse.Namespace, host_log: HostLog) -> int:
+    """One process of a multi-host job: `_train`, but a failure ends the process at once.
+
+    os._exit skips Python's cleanup: a normal exit would wait in JAX's shutdown barrier for hosts that may be
+    blocked in a collective. The other hosts then fail on the lost heartbeat. Success and preemption exit
+    normally, all hosts together.
+    """
+    try:
+        return _train(args, host_log)
+    except UserError as err:
+        print(f"trm train: error: {err}", file=sys.stderr)
+        code = err.exit_code
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    print(f"host {jax.process_index()} exits with code {code}", file=sys.stderr)
+    host_log.close()
+    os._exit(code)

@@ -1,0 +1,103 @@
+"""The records a run writes to metrics.jsonl: train records over a window of steps and eval records.
+
+JAX-free: the trainer writes these records and the analysis reads them back.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from trm import storage
+
+# What an evaluation measures of each puzzle after k supervision steps, averaged over the real puzzles
+# (trm/train/evaluator.py says what each means). An eval record holds them with "steps" (k) and "count" (puzzles).
+EVAL_STATS = (
+    "exact_accuracy",
+    "accuracy",
+    "q_halt_accuracy",
+    "mean_halt_step",
+    "halted_fraction",
+    "halt_exact_accuracy",
+    "lm_loss",
+    "q_halt_loss",
+)
+
+
+class MetricsLog:
+    """metrics.jsonl in the run dir, rewritten whole at each flush (GCS objects cannot be appended to).
+
+    Only the writer (process 0) reads or writes the file; on other hosts the log is inert.
+    """
+
+    def __init__(self, url: str, resume_step: int, writer: bool = True) -> None:
+        self.url = url
+        self.writer = writer
+        self.records: list[dict] = []
+        if writer and storage.exists(url):
+            # Drop records written after the checkpoint we resume from: they will be written again.
+            for line in storage.read_text(url).splitlines():
+                if line.strip() and json.loads(line)["step"] <= resume_step:
+                    self.records.append(json.loads(line))
+
+    def add(self, record: dict) -> None:
+        self.records.append(record)
+
+    def flush(self) -> None:
+        if self.writer:
+            storage.write_text(self.url, "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.records))
+
+
+def halt_step_moments(sums: dict[str, float], count: float) -> dict[str, float | None]:
+    """Mean and variance of the supervision steps at which the counted rows halted, from metric sums (the
+    variance is None for sums saved by a version without `steps_sq`, in a resumed run's first window)."""
+    mean = sums["steps"] / count
+    variance = max(sums["steps_sq"] / count - mean * mean, 0.0) if "steps_sq" in sums else None
+    return {"steps": mean, "steps_variance": variance}
+
+
+class MetricWindow:
+    """Metric sums of the steps since the last train record.
+
+    Kept as device arrays (no host sync per step) and saved in each checkpoint's record, so a run resumed
+    mid-window logs exactly the records an uninterrupted run logs.
+    """
+
+    def __init__(self, steps: int = 0, sums: dict[str, float] | None = None) -> None:
+        self.steps = steps
+        self._parts: list[dict] = [sums] if sums else []
+
+    @classmethod
+    def from_record(cls, record: dict) -> MetricWindow:
+        saved = record.get("metric_window") or {"steps": 0, "sums": None}
+        return cls(saved["steps"], saved["sums"])
+
+    def add(self, metrics: dict) -> None:
+        self._parts.append(metrics)
+        self.steps += 1
+
+    def clear(self) -> None:
+        self._parts, self.steps = [], 0
+
+    def sums(self) -> dict[str, float]:
+        return {
+            k: float(sum(np.asarray(part[k], np.float64) for part in self._parts)) for k in self._parts[0]
+        }
+
+    def to_record(self) -> dict:
+        return {"steps": self.steps, "sums": self.sums() if self._parts else None}
+
+
+def best_evaluation(records: list[dict]) -> dict | None:
+    """The eval record with the highest test exact accuracy, the latest among equals (so a tie goes to the final
+    evaluation on the full test split), without its kind and split; None when there is none.
+
+    Intermediate evaluations run on `train.eval_subset` puzzles: the best of several noisy subset estimates
+    leans high, so the record keeps `subset` and `count` (puzzles evaluated) beside its step and epoch.
+    """
+    evals = [r for r in records if r["kind"] == "eval"]
+    if not evals:
+        return None
+    best = max(reversed(evals), key=lambda r: r["exact_accuracy"])  # max keeps the first of equals
+    return {k: v for k, v in best.items() if k not in ("kind", "split")}
