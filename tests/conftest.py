@@ -48,6 +48,17 @@ def sudoku_data() -> Path:
     return SUDOKU_DATA
 
 
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    """A copy of the workflow and its config, so a test can edit files and write results in isolation."""
+    root = tmp_path / "study"
+    root.mkdir()
+    shutil.copy(REPO_ROOT / "Snakefile", root)
+    for folder in ("workflow", "config", "profiles"):
+        shutil.copytree(REPO_ROOT / folder, root / folder)
+    return root
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: index for index, name in enumerate(LONGEST_MODULES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order otherwise kept

@@ -1,7 +1,7 @@
 """The real train and evaluation steps compile for a TPU v4-64 topology, here on the CPU (no TPU needed).
 
 libtpu (pulled by the `dev` extra as jax[tpu]) compiles for a topology description: the compiler a slice runs,
-the technique of MaxText's ahead-of-time compilation (../shared/spec/platform.md §10.2). The state and batch are
+the technique of MaxText's ahead-of-time compilation. The state and batch are
 abstract (`abstract_state`, `abstract_batch`): nothing is allocated. The compile runs in a subprocess, so libtpu
 never becomes a backend of the test session's JAX.
 

@@ -79,12 +79,8 @@ def _test_profile(root: Path, tpu_bucket: str, tmp: Path) -> Path:
     return profile
 
 
-def test_profile_runs_two_experiments_on_an_emulated_slice(cloud, tpu_bucket, tmp_path):
-    root = tmp_path / "study"
-    root.mkdir()
-    shutil.copy(REPO / "Snakefile", root)
-    for folder in ("workflow", "config", "profiles"):
-        shutil.copytree(REPO / folder, root / folder)
+def test_profile_runs_two_experiments_on_an_emulated_slice(cloud, tpu_bucket, workdir, tmp_path):
+    root = workdir
     profile = _test_profile(root, tpu_bucket, tmp_path)
     targets = [f"results/smoke/runs/{exp}/final.json" for exp in ("exp01a", "exp04a_100")]
     started = time.time()
@@ -114,12 +110,8 @@ def test_profile_runs_two_experiments_on_an_emulated_slice(cloud, tpu_bucket, tm
         wait_until_exited(name)
 
 
-def test_a_failed_preflight_stops_the_study_before_any_job(cloud, tpu_bucket, tmp_path, monkeypatch):
-    root = tmp_path / "study"
-    root.mkdir()
-    shutil.copy(REPO / "Snakefile", root)
-    for folder in ("workflow", "config", "profiles"):
-        shutil.copytree(REPO / folder, root / folder)
+def test_a_failed_preflight_stops_the_study_before_any_job(cloud, tpu_bucket, workdir, tmp_path, monkeypatch):
+    root = workdir
     profile = _test_profile(root, tpu_bucket, tmp_path)
     monkeypatch.setenv("FAKE_GCLOUD_TPU_API", "disabled")
     done = subprocess.run(

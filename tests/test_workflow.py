@@ -32,17 +32,6 @@ REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
 
-@pytest.fixture
-def workdir(tmp_path: Path) -> Path:
-    """A copy of the workflow and its config, so a test can edit files and write results in isolation."""
-    root = tmp_path / "study"
-    root.mkdir()
-    shutil.copy(REPO / "Snakefile", root)
-    for folder in ("workflow", "config", "profiles"):
-        shutil.copytree(REPO / folder, root / folder)
-    return root
-
-
 def planned_jobs(
     workdir: Path, config: dict | None = None, targets: set[str] | None = None
 ) -> collections.Counter:

@@ -4,12 +4,9 @@ an unknown key in any settings file; each message names the file (or --config) t
 from __future__ import annotations
 
 import itertools
-import shutil
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 from trm.errors import UserError
 from trm.study.plan import check_batches, plan_study
@@ -18,16 +15,6 @@ REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 PROFILE = ["--profile", "profiles/tpu-v4-64"]
 BUCKET = "storage=gs://my-trm-bucket/trm-study"
-
-
-@pytest.fixture
-def workdir(tmp_path: Path) -> Path:
-    root = tmp_path / "study"
-    root.mkdir()
-    shutil.copy(REPO / "Snakefile", root)
-    for folder in ("workflow", "config", "profiles"):
-        shutil.copytree(REPO / folder, root / folder)
-    return root
 
 
 def dry_run(workdir: Path, *args: str) -> tuple[int, str]:

@@ -9,7 +9,6 @@ import ast
 import os
 import re
 import shlex
-import shutil
 import string
 import subprocess
 import sys
@@ -28,16 +27,6 @@ def hostile(key: str) -> str:
     """A value that runs `touch PWNED-<key>...` in three ways if it reaches a shell unquoted, with spaces and
     both quote characters (no braces: Snakemake reads them as wildcards in output paths)."""
     return f"{key} a;touch PWNED-{key};$(touch PWNED2-{key}) `touch PWNED3-{key}` 'q\"x"
-
-
-@pytest.fixture
-def workdir(tmp_path: Path) -> Path:
-    root = tmp_path / "study"
-    root.mkdir()
-    shutil.copy(REPO / "Snakefile", root)
-    for folder in ("workflow", "config", "profiles"):
-        shutil.copytree(REPO / folder, root / folder)
-    return root
 
 
 def pwned(*roots: Path) -> list[Path]:
