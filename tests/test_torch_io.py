@@ -151,7 +151,8 @@ def test_round_trip_in_memory_gives_identical_params_and_logits(arch):
 
 
 def test_export_then_import_through_the_cli(tmp_path):
-    torch = pytest.importorskip("torch", reason="PyTorch (the 'torch' extra) is not installed")
+    import torch  # the dev extra installs it; a skip would fail the session anyway (tests/conftest.py)
+
     config = _config()
     model = Model(_model_cfg(config), seed=5)
     params = jax.tree.map(lambda x: x + 0.01, model.init_params)  # differ from any fresh init
@@ -194,7 +195,8 @@ def _float32_start_states(rng: np.random.Generator, hidden: int) -> dict[str, np
 
 def test_float32_start_states_of_an_original_float32_run_keep_their_values(tmp_path):
     """The original keeps H_init/L_init in its forward dtype; import must not round a float32 run's to bfloat16."""
-    torch = pytest.importorskip("torch", reason="PyTorch (the 'torch' extra) is not installed")
+    import torch  # the dev extra installs it; a skip would fail the session anyway (tests/conftest.py)
+
     config = _config()  # forward_dtype float32
     model = Model(_model_cfg(config), seed=9)
     start = _float32_start_states(np.random.default_rng(9), model.cfg.hidden_size)
@@ -224,7 +226,8 @@ def test_float32_start_states_of_an_original_float32_run_keep_their_values(tmp_p
 
 
 def test_import_refusals_exit_2_and_write_nothing(tmp_path, capsys):
-    torch = pytest.importorskip("torch", reason="PyTorch (the 'torch' extra) is not installed")
+    import torch  # the dev extra installs it; a skip would fail the session anyway (tests/conftest.py)
+
     sd = _hand_built(np.random.default_rng(6))
     sd["_orig_mod.model.inner.lm_head.weight"] = np.zeros((11, 48), np.float32)
     tensors = {k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in sd.items()}
@@ -248,7 +251,8 @@ def test_import_refusals_exit_2_and_write_nothing(tmp_path, capsys):
 
 def test_trm_train_fine_tunes_an_imported_run_dir(tmp_path):
     """`trm train` resumes from the imported step-0 checkpoint: training starts from the imported weights."""
-    torch = pytest.importorskip("torch", reason="PyTorch (the 'torch' extra) is not installed")
+    import torch  # the dev extra installs it; a skip would fail the session anyway (tests/conftest.py)
+
     solution = "".join(str((3 * (r % 3) + r // 3 + c) % 9 + 1) for r in range(9) for c in range(9))
     rows = [solution[:i] + "." + solution[i + 1 :] for i in range(0, 80, 4)]
     (tmp_path / "p.csv").write_text("question,answer\n" + "".join(f"{q},{solution}\n" for q in rows))
