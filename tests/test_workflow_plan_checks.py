@@ -86,3 +86,50 @@ def test_bad_storage_names_where_it_was_set(workdir):
     )
     code, output = dry_run(workdir, "--config", "storage=s3://bucket/study")
     assert code != 0 and "--config: unsupported storage 's3://bucket/study'" in output
+
+
+def test_nested_settings_from_the_command_line_are_typed_and_errors_are_one_line(workdir):
+    # Snakemake reads the values of a --config mapping as strings; the workflow converts them to the schema's types.
+    code, output = dry_run(
+        workdir, "--config", "launch={hosts: 2, devices_per_host: 2}", "experiments=exp01a,exp01b"
+    )
+    assert code == 0, output[-3000:]
+    assert "2 experiments" in output and "on 4 devices per job" in output
+
+    for setting, message in [
+        ("launch={hosts: two}", "--config: setting 'launch.hosts' = 'two' is not valid: expected an integer"),
+        (
+            "launch={backend: tpu}",
+            "setting 'launch.backend' = 'tpu' is not valid: expected one of local, tpu-vm",
+        ),
+        ("experiments=[Exp01]", "setting 'experiments[0]' = 'Exp01' is not valid: expected a name matching"),
+        (
+            "launch={tpu: {poll_seconds: 0}}",
+            "'launch.tpu.poll_seconds' = 0 is not valid: expected more than 0",
+        ),
+    ]:
+        code, output = dry_run(workdir, "--config", setting)
+        assert code != 0 and message in output, (setting, output[-2000:])
+        assert "Failed validating" not in output and "Traceback" not in output  # no schema dump, no traceback
+
+
+def test_an_experiment_file_no_group_lists_stops_only_its_own_run(workdir):
+    (workdir / "config/experiments/exp99_new.yaml").write_text("{}\n")
+    code, output = dry_run(workdir, "--config", "experiments=[exp01a]")
+    assert code == 0, output[-3000:]
+    assert "config/experiments/exp99_new.yaml belongs to no group of config/groups.yaml" in output
+    code, output = dry_run(workdir, "--config", "experiments=[exp99_new]")
+    assert code != 0 and "add it to a group's members there to run it" in output
+
+
+def test_commands_read_the_config_of_the_checkout_they_run_in(workdir, tmp_path):
+    """Two checkouts sharing one environment: each reads its own config/ (the workdir is a second checkout)."""
+    base = workdir / "config/base.yaml"
+    base.write_text(base.read_text().replace("hidden_size: 512", "hidden_size: 640", 1))
+    trm = [str(Path(sys.executable).with_name("trm")), "config", "exp01c"]
+    here = subprocess.run(trm, cwd=workdir / "config", capture_output=True, text=True, timeout=60)
+    assert here.returncode == 0 and '"hidden_size": 640' in here.stdout, here.stderr
+    assert f"reading config/ and docs/ of {workdir.resolve()}" in here.stderr  # says which checkout
+    elsewhere = subprocess.run(trm, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert elsewhere.returncode == 0 and '"hidden_size": 512' in elsewhere.stdout  # the installed checkout's
+    assert "note:" not in elsewhere.stderr

@@ -21,6 +21,7 @@ from typing import IO, Any
 import yaml
 
 from trm import storage
+from trm.checkout import CHECKOUT
 from trm.config.checks import impossible_values
 from trm.config.schema import (
     check_document,
@@ -33,7 +34,7 @@ from trm.config.schema import (
 )
 from trm.errors import UserError
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
+CONFIG_DIR = CHECKOUT / "config"  # of the current directory's checkout (trm/checkout.py)
 BASE_CONFIG = CONFIG_DIR / "base.yaml"
 EXPERIMENTS_DIR = CONFIG_DIR / "experiments"
 # Experiment ids become file names, run names, GCS paths and shell arguments.

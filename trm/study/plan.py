@@ -10,6 +10,7 @@ experiments sharing a dataset (exp04a_1000 and every baseline) share one build.
 from __future__ import annotations
 
 import difflib
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,6 +85,19 @@ def plan_study(
     """The selected experiments (members of the selected groups, among the selected ids) in group order."""
     table = load_groups(groups_path, experiments_dir)
     group_of = {member: group["id"] for group in table for member in group["members"]}
+    ungrouped = [exp_id for exp_id in experiment_ids(experiments_dir) if exp_id not in group_of]
+    if experiments != "all" and any(exp_id in ungrouped for exp_id in experiments):
+        exp_id = next(exp_id for exp_id in experiments if exp_id in ungrouped)
+        raise UserError(
+            f"{source}: experiment {exp_id!r} ({Path(experiments_dir) / exp_id}.yaml) belongs to no group of "
+            f"{groups_path}; add it to a group's members there to run it (each experiment is plotted with its group)"
+        )
+    for exp_id in ungrouped:
+        print(
+            f"note: {Path(experiments_dir) / exp_id}.yaml belongs to no group of {groups_path}, so the study does "
+            "not run it; add it to a group's members there",
+            file=sys.stderr,
+        )
     chosen_groups = _choose(groups, [g["id"] for g in table], "groups", f"{source}: groups")
     chosen_ids = set(
         _choose(experiments, experiment_ids(experiments_dir), "experiments", f"{source}: experiments")

@@ -10,7 +10,6 @@ import sys
 import yaml
 
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import validate
 
 from trm.config import dump_config
 from trm.errors import UserError
@@ -21,6 +20,7 @@ from trm.storage import join as url_join
 from trm.study.estimate import CostCache, accelerator_hours, run_flops
 from trm.study.plan import check_batches, parse_dataset_name, plan_study
 from trm.study.scale import SMOKE_POOL, TEST_PUZZLES
+from trm.study.settings import check_settings, load_schema
 
 
 def _setting_source(dotted):
@@ -44,21 +44,12 @@ def _setting_source(dotted):
     return "config/config.yaml"
 
 
-def _check_keys(settings, schema, where):
-    """Name a misspelt setting, its file and the allowed ones (the schema validator only says 'was unexpected')."""
-    for key, value in settings.items():
-        allowed = schema["properties"]
-        if key not in allowed:
-            raise WorkflowError(
-                f"{_setting_source(where + key)}: unknown key '{where}{key}'; allowed keys: {', '.join(allowed)}"
-            )
-        if isinstance(value, dict) and "properties" in allowed[key]:
-            _check_keys(value, allowed[key], f"{where}{key}.")
-
-
-with open(workflow.source_path("../schemas/config.schema.yaml")) as _schema_file:
-    _check_keys(config, yaml.safe_load(_schema_file), "")
-validate(config, "../schemas/config.schema.yaml")
+# One readable line for a bad setting (unknown key, wrong type), naming where it was set; nested `--config`
+# values (`--config 'launch={hosts: 2}'`, which Snakemake reads as strings) are converted to the schema's types.
+try:
+    check_settings(config, load_schema(workflow.source_path("../schemas/config.schema.yaml")), _setting_source)
+except UserError as err:
+    raise WorkflowError(str(err)) from None
 
 
 def _check_argument(value, key):
