@@ -128,6 +128,23 @@ def aggregate(
     )
 
 
+def read_table(path: str | Path, columns: tuple[str, ...] = ("id", "group")) -> pd.DataFrame:
+    """Read a CSV that `trm aggregate` wrote; a missing, malformed or foreign file is a UserError naming it."""
+    try:
+        table = pd.read_csv(path)
+    except FileNotFoundError:
+        raise UserError(
+            f"{path}: missing; `trm aggregate` writes it (in the workflow: `snakemake --cores 2 aggregate`)"
+        ) from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+        reason = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        raise UserError(f"{path}: not a readable CSV table ({reason})") from None
+    missing = [column for column in columns if column not in table.columns]
+    if missing:
+        raise UserError(f"{path}: no column {', '.join(missing)}: not a table written by `trm aggregate`")
+    return table
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("ids", nargs="+", help="experiment ids, in table order")
     parser.add_argument("--results", required=True, type=Path, help="results folder of one scale")

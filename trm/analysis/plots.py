@@ -21,6 +21,7 @@ matplotlib.use("Agg")  # files only; no display on servers and TPU hosts
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from trm.analysis.aggregate import read_table  # noqa: E402
 from trm.errors import UserError  # noqa: E402
 from trm.study.groups import load_groups  # noqa: E402
 
@@ -178,8 +179,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    runs = pd.read_csv(f"{args.table}.csv")
-    curves = pd.read_csv(f"{args.table}-curves.csv")
-    test_time = pd.read_csv(f"{args.table}-test-time.csv")
+    runs = read_table(f"{args.table}.csv")
+    curves = read_table(f"{args.table}-curves.csv")
+    test_time = read_table(f"{args.table}-test-time.csv")
     plot_group(args.group, runs, curves, test_time, args.groups, args.output)
     return 0

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from trm.analysis.aggregate import read_table
 from trm.errors import UserError
 from trm.study.groups import format_number as _fmt
 from trm.study.groups import load_groups
@@ -303,10 +304,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        table = pd.read_csv(args.table)
-    except FileNotFoundError:
-        raise UserError(f"{args.table}: missing (run `trm aggregate` first)") from None
+    table = read_table(args.table, columns=("id",))
     groups = _select(
         load_groups(args.groups, args.groups.parent / "experiments"), table, args.group, args.table
     )

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
-from trm.config import CONFIG_DIR, EXPERIMENTS_DIR, experiment_ids, schema
+from trm.config import CONFIG_DIR, EXPERIMENTS_DIR, experiment_ids, read_mapping, schema
 from trm.errors import UserError
 
 GROUPS_PATH = CONFIG_DIR / "groups.yaml"
@@ -180,7 +178,7 @@ def load_groups(path: str | Path = GROUPS_PATH, experiments_dir: str | Path = EX
     """Read and check the group table: fields present, names known, every experiment in exactly one group,
     guides and success criteria well formed."""
     path = Path(path)
-    groups = (yaml.safe_load(path.read_text()) or {}).get("groups")
+    groups = read_mapping(path, "groups file").get("groups")
     if not isinstance(groups, list):
         raise UserError(f"{path}: expected a top-level 'groups' list")
     keys = set(config_keys())
