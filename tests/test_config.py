@@ -27,7 +27,7 @@ from trm.errors import UserError
 from trm.study.groups import config_keys, load_groups
 from trm.study.reference import REFERENCE_PATH, reference_markdown
 
-# The ten (train_puzzles, num_aug) datasets of the study (experiments.md, "Datasets needed").
+# The ten (train_puzzles, num_aug) datasets of the study.
 DATASETS = {
     (1000, 1000),
     (100, 1000),

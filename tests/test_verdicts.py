@@ -319,6 +319,6 @@ def test_plot_group_refuses_missing_malformed_or_foreign_tables_and_groups(tmp_p
     bad_yaml.write_text("groups: [\n")
     assert f"{bad_yaml}: not valid YAML" in refused(good, bad_yaml)
     bad_yaml.write_text("- exp07\n")
-    assert "expected a mapping of keys at the top level of the groups file" in refused(good, bad_yaml)
+    assert "expected a mapping of keys (groups file) at the top level" in refused(good, bad_yaml)
     assert "groups file not found" in refused(good, tmp_path / "nope.yaml")
     assert not out.parent.exists()

@@ -232,8 +232,8 @@ def test_estimate_matches_the_spec_flops_of_a_paper_baseline_run():
         * baseline["train"]["global_batch_size"]
         * costs["train_flops_per_example_step"]
     )
-    assert training == pytest.approx(2.136e18, rel=0.01)  # spec trm.md §13.3, MLP-T training
-    # Ten evaluations of 16 steps on 423,168 test puzzles add about 81% (spec §13.3); ours evaluates 9 on 8192.
+    assert training == pytest.approx(2.136e18, rel=0.01)  # the paper's MLP-T training FLOPs
+    # Ten evaluations of 16 steps on 423,168 test puzzles add about 81%; ours evaluates 9 on 8192.
     assert run_flops(baseline, costs, 423_168) > training
 
 

@@ -1,7 +1,7 @@
-"""Gather every run of the study into one table (CSV and Parquet), the evaluation curves and test-time scaling (CSV).
+r"""Gather every run of the study into one table (CSV and Parquet), the evaluation curves and test-time scaling (CSV).
 
     trm aggregate --results results/smoke --groups config/groups.yaml --devices 1 \
-        --peak-flops 5e10 --utilization 0.1 --test-puzzles 32 --output results/smoke/table exp01a exp01b ...
+        --peak-flops 5e10 --utilization 0.1 --test-puzzles 32 --output results/smoke/table exp01a exp01b
 
 Reads, per experiment id, RESULTS/runs/<id>/config.json (the resolved config), RESULTS/eval/<id>.json
 (`trm run-metrics`) and RESULTS/benchmarks/train/<id>.tsv (Snakemake's benchmark of the training job: wall

@@ -1,8 +1,8 @@
-"""Judge each group's hypothesis on the results table: every success criterion of config/groups.yaml is
+r"""Judge each group's hypothesis on the results table: every success criterion of config/groups.yaml is
 `supported`, `not supported` or `not enough data`, with the numbers it compared; then a verdict per group.
 
     trm verdicts --table results/paper/table.csv --groups config/groups.yaml --scale paper \
-        --output results/paper/verdicts [GROUP ...]
+        --output results/paper/verdicts
 
 Reads the table of `trm aggregate` (one row per experiment). Judges the given groups, or every group with a run
 in the table. A criterion lacks data when one of the members it needs has no row or the run did not measure the

@@ -91,7 +91,7 @@ def read_mapping(path: str | Path, what: str = "config file") -> dict:
     if doc is None:
         return {}
     if not isinstance(doc, dict):
-        raise UserError(f"{path}: expected a mapping of keys at the top level of the {what}, got {got(doc)}")
+        raise UserError(f"{path}: expected a mapping of keys ({what}) at the top level, got {got(doc)}")
     return doc
 
 

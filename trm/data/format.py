@@ -1,4 +1,4 @@
-"""The on-disk dataset format (spec trm.md §2.4): writer, reader and content hash.
+"""The on-disk dataset format: writer, reader and content hash.
 
 A dataset folder holds `identifiers.json` (`["<blank>"]`) and one folder per split (`train`, `test`), each with
 

@@ -1,7 +1,7 @@
 """Planned cost of a run from its own FLOPs and batch: parameters, training and evaluation FLOPs, accelerator-hours.
 
 Training: `steps x global_batch_size x` the FLOPs of one supervision step of one example (forward of all
-recursions, backward of the last; spec trm.md §13). Evaluation: after every `eval_interval` epochs,
+recursions, backward of the last; trm/model/flops.py). Evaluation: after every `eval_interval` epochs,
 `eval_steps` forward supervision steps on each test puzzle (the intermediate ones on `eval_subset` puzzles).
 Accelerator-hours = FLOPs / (peak FLOP/s per device x utilization) / 3600; the number of devices changes the
 wall time, not the device-hours. Compilation and input pipeline time are not included.
