@@ -24,7 +24,7 @@ from trm.analysis.run_metrics import TEST_TIME_FIELDS
 from trm.errors import UserError
 from trm.run import layout
 from trm.study.estimate import accelerator_hours, model_costs, run_flops
-from trm.study.groups import load_groups
+from trm.study.groups import REFERENCE_GROUP, load_groups, load_references
 
 METRIC_COLUMNS = (
     "test_exact_accuracy",
@@ -77,9 +77,14 @@ def aggregate(
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(runs, curves, test_time): one row per run with its config's varied keys, costs and metrics; one row per
     evaluation during training; one row per run and test-time step count."""
-    groups = {
-        m: g for g in load_groups(groups_path, groups_path.parent / "experiments") for m in g["members"]
-    }
+    experiments_dir = groups_path.parent / "experiments"
+    groups = {m: g for g in load_groups(groups_path, experiments_dir) for m in g["members"]}
+    labels = {}
+    for ref in load_references(
+        groups_path, experiments_dir
+    ):  # a row of group "reference", its label as varied
+        groups[ref["id"]] = {"id": REFERENCE_GROUP, "varies": [], "baseline": None, "plots": []}
+        labels[ref["id"]] = ref["label"]
     plot_keys = sorted(
         {k for g in groups.values() for k in g["varies"]}
         | {p["x"] for g in groups.values() for p in g["plots"] if "." in p["x"]}
@@ -99,7 +104,8 @@ def aggregate(
                 "id": exp_id,
                 "group": group["id"],
                 "baseline": is_baseline,
-                "varied": ", ".join(f"{k.split('.')[-1]}={_get(config, k)}" for k in group["varies"]),
+                "varied": labels.get(exp_id)
+                or ", ".join(f"{k.split('.')[-1]}={_get(config, k)}" for k in group["varies"]),
                 "config_hash": metrics["config_hash"],
                 "parameter_count": costs["parameter_count"],
                 "train_flops_per_example_step": costs["train_flops_per_example_step"],

@@ -23,7 +23,7 @@ from trm.config import (
     validate_config,
 )
 from trm.errors import UserError
-from trm.study.groups import GROUPS_PATH, load_groups
+from trm.study.groups import GROUPS_PATH, REFERENCE_GROUP, load_groups, load_references
 from trm.study.scale import SMOKE_POOL, at_scale
 
 
@@ -85,7 +85,8 @@ def plan_study(
     """The selected experiments (members of the selected groups, among the selected ids) in group order."""
     table = load_groups(groups_path, experiments_dir)
     group_of = {member: group["id"] for group in table for member in group["members"]}
-    ungrouped = [exp_id for exp_id in experiment_ids(experiments_dir) if exp_id not in group_of]
+    references = [ref["id"] for ref in load_references(groups_path, experiments_dir)]
+    ungrouped = [e for e in experiment_ids(experiments_dir) if e not in group_of and e not in references]
     if experiments != "all" and any(exp_id in ungrouped for exp_id in experiments):
         exp_id = next(exp_id for exp_id in experiments if exp_id in ungrouped)
         raise UserError(
@@ -109,6 +110,9 @@ def plan_study(
         for member in group["members"]
         if member in chosen_ids
     ]
+    # The references run with any selection of groups: every group's plot draws them.
+    selected += [ref for ref in references if ref in chosen_ids]
+    group_of.update(dict.fromkeys(references, REFERENCE_GROUP))
     if not selected:
         raise UserError(
             f"{source}: no experiment is both in experiments={experiments} and in a group of groups={groups}"

@@ -18,6 +18,7 @@ from trm.run import layout
 from trm.storage import GCS_SCHEMES, check_url, write_text
 from trm.storage import join as url_join
 from trm.study.estimate import CostCache, accelerator_hours, run_flops
+from trm.study.groups import REFERENCE_GROUP
 from trm.study.plan import check_batches, parse_dataset_name, plan_study
 from trm.study.scale import SMOKE_POOL, TEST_PUZZLES
 from trm.study.settings import check_settings, load_schema
@@ -134,7 +135,8 @@ STORAGE = url_join(config["storage"], config["scale"])
 TABLE = os.path.join(RESULTS, "table")
 TABLE_FILES = [f"{TABLE}.csv", f"{TABLE}.parquet"]
 PLOT_FILES = os.path.join(RESULTS, "plots", "{group}.{ext}")
-SELECTED_GROUPS = list(dict.fromkeys(exp.group for exp in PLAN.values()))
+SELECTED_GROUPS = list(dict.fromkeys(exp.group for exp in PLAN.values() if exp.group != REFERENCE_GROUP))
+REFERENCES = [exp.id for exp in PLAN.values() if exp.group == REFERENCE_GROUP]
 DATASETS = sorted({exp.dataset for exp in PLAN.values()})
 SOFTWARE = "../envs/trm.yaml"  # every rule's conda environment (relative to the rule files)
 TEST_TIME_STEPS = ",".join(map(str, config["test_time_steps"][config["scale"]]))
@@ -178,7 +180,8 @@ def _estimates():
 ESTIMATED_HOURS = _estimates()
 _TOTAL_HOURS = sum(ESTIMATED_HOURS[first] for first in FIRST_WITH_HASH.values())
 print(
-    f"TRM study, scale {config['scale']}: {len(PLAN)} experiments in {len(SELECTED_GROUPS)} groups, "
+    f"TRM study, scale {config['scale']}: {len(PLAN) - len(REFERENCES)} experiments in {len(SELECTED_GROUPS)} groups"
+    f"{f' and {len(REFERENCES)} reference' if REFERENCES else ''}, "
     f"{len(DATASETS)} datasets, {len(FIRST_WITH_HASH)} distinct runs; estimated "
     f"{_TOTAL_HOURS:.4g} {config['accelerator']['name']}-hours of training and evaluation at "
     f"{config['accelerator']['utilization']:.0%} of peak ({_TOTAL_HOURS / DEVICES:.4g} h on {DEVICES} devices per job)",
