@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from trm.errors import UserError
 from trm.study.plan import check_batches, plan_study
 
@@ -94,7 +96,7 @@ def test_nested_settings_from_the_command_line_are_typed_and_errors_are_one_line
         workdir, "--config", "launch={hosts: 2, devices_per_host: 2}", "experiments=exp01a,exp01b"
     )
     assert code == 0, output[-3000:]
-    assert "2 experiments" in output and "on 4 devices per job" in output
+    assert "2 experiments" in output and "h of jobs on 4 devices each" in output
 
     for setting, message in [
         ("launch={hosts: two}", "--config: setting 'launch.hosts' = 'two' is not valid: expected an integer"),
@@ -133,3 +135,24 @@ def test_commands_read_the_config_of_the_checkout_they_run_in(workdir, tmp_path)
     elsewhere = subprocess.run(trm, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert elsewhere.returncode == 0 and '"hidden_size": 512' in elsewhere.stdout  # the installed checkout's
     assert "note:" not in elsewhere.stderr
+
+
+def test_an_experiment_can_run_on_its_own_accelerator_and_pool(workdir):
+    """profiles/tpu-v4-64 runs the paper-recipe reference (batch 768) on a v4-8: its own shape, pool and hours."""
+    code, output = dry_run(workdir, *PROFILE, "-p", "--config", BUCKET, "experiments=[exp01c,ref_paper]")
+    assert code == 0, output[-3000:]
+    jobs = {line.split("train ")[1].split(":")[0]: line for line in output.splitlines() if ": train " in line}
+    assert "on the job's 4 devices" in jobs["ref_paper"] and "on the job's 32 devices" in jobs["exp01c"]
+    hours = {exp: float(line.split("estimated ")[1].split()[0]) for exp, line in jobs.items()}
+    assert hours["ref_paper"] == pytest.approx(hours["exp01c"], rel=0.01)  # same FLOPs, 8x the wall time
+    launches = [line for line in output.splitlines() if " launch --backend tpu-vm" in line]
+    small = [line for line in launches if "--tpu-slices trm-v4-8" in line]
+    assert len(launches) == 2 and len(small) == 1
+    assert "--hosts 1 --devices-per-host 4" in small[0] and "--tpu-accelerator-type v4-8" in small[0]
+    assert "--hosts 8 --devices-per-host 4" in next(line for line in launches if line not in small)
+
+    five = "launch={per_experiment: {ref_paper: {devices_per_host: 5}}}"
+    code, output = dry_run(workdir, *PROFILE, "--config", BUCKET, "experiments=[ref_paper]", five)
+    assert code != 0 and "train.global_batch_size=768 must be divisible" in output and "5 devices" in output
+    code, output = dry_run(workdir, "--config", "launch={per_experiment: {ref_papr: {hosts: 2}}}")
+    assert code != 0 and "launch.per_experiment: no experiment ref_papr" in output

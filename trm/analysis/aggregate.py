@@ -1,13 +1,13 @@
 r"""Gather every run of the study into one table (CSV and Parquet), the evaluation curves and test-time scaling (CSV).
 
-    trm aggregate --results results/smoke --groups config/groups.yaml --devices 1 \
+    trm aggregate --results results/smoke --groups config/groups.yaml \
         --peak-flops 5e10 --utilization 0.1 --test-puzzles 32 --output results/smoke/table exp01a exp01b
 
 Reads, per experiment id, RESULTS/runs/<id>/config.json (the resolved config), RESULTS/eval/<id>.json
 (`trm run-metrics`) and RESULTS/benchmarks/train/<id>.tsv (Snakemake's benchmark of the training job: wall
 time). Writes OUTPUT.csv, OUTPUT.parquet (one row per run), OUTPUT-curves.csv (test exact accuracy per
 evaluation during training) and OUTPUT-test-time.csv (test accuracy per number of supervision steps at test time,
-one row per run and step count). Accelerator-hours are measured wall hours x devices (experiments with equal configs share one
+one row per run and step count). Accelerator-hours are measured wall hours x the devices the run trained on (experiments with equal configs share one
 run and report the wall time of the job that trained it); the estimate column uses the FLOPs model of
 trm.study.estimate at the given peak FLOP/s and utilization.
 """
@@ -70,7 +70,6 @@ def aggregate(
     ids: list[str],
     results: Path,
     groups_path: Path,
-    devices: int,
     peak_flops: float,
     utilization: float,
     test_puzzles: int,
@@ -113,7 +112,7 @@ def aggregate(
                 "effective_depth": arch["H_cycles"] * (arch["L_cycles"] + 1) * arch["L_layers"],
                 **{m: metrics[m] for m in METRIC_COLUMNS},
                 "wall_time_s": wall,
-                "accelerator_hours": wall * devices / 3600.0,
+                "accelerator_hours": wall * metrics["devices"] / 3600.0,
                 "estimated_accelerator_hours": accelerator_hours(flops, peak_flops, utilization),
                 **{key: _get(config, key) for key in plot_keys},
             }
@@ -155,7 +154,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("ids", nargs="+", help="experiment ids, in table order")
     parser.add_argument("--results", required=True, type=Path, help="results folder of one scale")
     parser.add_argument("--groups", required=True, type=Path, help="config/groups.yaml")
-    parser.add_argument("--devices", type=int, default=1, help="devices per run (hosts x devices per host)")
     parser.add_argument("--peak-flops", type=float, required=True, help="peak FLOP/s of one device")
     parser.add_argument(
         "--utilization", type=float, required=True, help="fraction of peak assumed in estimates"
@@ -175,7 +173,6 @@ def main(args: argparse.Namespace) -> int:
         args.ids,
         args.results,
         args.groups,
-        args.devices,
         args.peak_flops,
         args.utilization,
         args.test_puzzles,

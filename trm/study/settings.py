@@ -45,8 +45,8 @@ def check_settings(settings: dict, schema: dict, source_of: SourceOf) -> None:
 def coerce(settings: dict, schema: dict) -> None:
     """Convert string values to the schema's type where the string reads as one (`--config` nested values)."""
     for key, value in settings.items():
-        spec = schema.get("properties", {}).get(key)
-        if spec is None:
+        spec = schema.get("properties", {}).get(key, schema.get("additionalProperties"))
+        if not isinstance(spec, dict):
             continue
         if isinstance(value, dict):
             coerce(value, spec)

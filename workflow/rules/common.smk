@@ -11,7 +11,7 @@ import yaml
 
 from snakemake.exceptions import WorkflowError
 
-from trm.config import dump_config
+from trm.config import dump_config, experiment_ids
 from trm.errors import UserError
 from trm.launch import tpu_options
 from trm.run import layout
@@ -119,16 +119,36 @@ try:
 except UserError as err:
     raise WorkflowError(str(err)) from None
 
-DEVICES = config["launch"]["hosts"] * config["launch"]["devices_per_host"]
+def job_launch(exp_id):
+    """An experiment's job shape and TPU pool: launch.*, with its launch.per_experiment entry (if any) over it."""
+    own = config["launch"]["per_experiment"].get(exp_id, {})
+    return {
+        "hosts": own.get("hosts", config["launch"]["hosts"]),
+        "devices_per_host": own.get("devices_per_host", config["launch"]["devices_per_host"]),
+        "tpu": {**_TPU, **own.get("tpu", {})},
+    }
+
+
+def job_devices(exp_id):
+    return job_launch(exp_id)["hosts"] * job_launch(exp_id)["devices_per_host"]
+
+
+DEVICES = job_devices(None)  # of every job without its own launch.per_experiment entry
+_unknown = sorted(set(config["launch"]["per_experiment"]) - set(experiment_ids("config/experiments")))
+if _unknown:
+    raise WorkflowError(f"{_setting_source('launch.per_experiment')}: launch.per_experiment: no experiment {', '.join(_unknown)}")
 try:
-    check_batches(
-        list(PLAN.values()),
-        DEVICES,
-        f"{DEVICES} devices: launch.hosts {config['launch']['hosts']} x launch.devices_per_host "
-        f"{config['launch']['devices_per_host']} from {_setting_source('launch.hosts')}, scale {config['scale']}",
-    )
+    for _exp_id in config["launch"]["per_experiment"] if config["launch"]["backend"] == "tpu-vm" else []:
+        tpu_options.check(job_launch(_exp_id)["tpu"])
+    for _devices in sorted({job_devices(exp_id) for exp_id in PLAN}):
+        check_batches(
+            [exp for exp in PLAN.values() if job_devices(exp.id) == _devices],
+            _devices,
+            f"{_devices} devices (launch.hosts x launch.devices_per_host, or the experiment's launch.per_experiment) "
+            f"from {_setting_source('launch.hosts')}, scale {config['scale']}",
+        )
 except UserError as err:
-    raise WorkflowError(str(err)) from None
+    raise WorkflowError(f"{_setting_source('launch')}: {err}") from None
 
 RESULTS = os.path.join(config["results"], config["scale"])
 STORAGE = url_join(config["storage"], config["scale"])
@@ -184,7 +204,9 @@ print(
     f"{f' and {len(REFERENCES)} reference' if REFERENCES else ''}, "
     f"{len(DATASETS)} datasets, {len(FIRST_WITH_HASH)} distinct runs; estimated "
     f"{_TOTAL_HOURS:.4g} {config['accelerator']['name']}-hours of training and evaluation at "
-    f"{config['accelerator']['utilization']:.0%} of peak ({_TOTAL_HOURS / DEVICES:.4g} h on {DEVICES} devices per job)",
+    f"{config['accelerator']['utilization']:.0%} of peak "
+    f"({sum(ESTIMATED_HOURS[e] / job_devices(e) for e in FIRST_WITH_HASH.values()):.4g} h of jobs "
+    + (f"on {DEVICES} devices each)" if len({job_devices(e) for e in PLAN}) == 1 else "each on its own devices)"),
     file=sys.stderr,
 )
 
@@ -230,11 +252,11 @@ _write_configs()
 
 def train_command(exp):
     """The argv of the one command that trains an experiment; after `--`, `trm train`'s arguments."""
-    launch = config["launch"]
+    launch = job_launch(exp.id)
     train_args = ["--config", config_file(exp.id), "--data", dataset_url(exp.dataset), "--run-dir", run_url(exp.id)]
-    launch_args = ["--backend", launch["backend"], "--hosts", launch["hosts"], "--devices-per-host", launch["devices_per_host"]]
-    if launch["backend"] == "tpu-vm":
-        launch_args += tpu_options.flags(_TPU)
+    launch_args = ["--backend", config["launch"]["backend"], "--hosts", launch["hosts"], "--devices-per-host", launch["devices_per_host"]]
+    if config["launch"]["backend"] == "tpu-vm":
+        launch_args += tpu_options.flags(launch["tpu"])
     return [*JAX_CACHE_ENV, TRM, "launch", *map(str, launch_args), "--", *train_args]
 
 
@@ -251,7 +273,8 @@ def estimate_message(wildcards):
     hours = ESTIMATED_HOURS[wildcards.exp]
     return (
         f"train {wildcards.exp}: estimated {hours:.4g} {config['accelerator']['name']}-hours "
-        f"(from its FLOPs and batch; {hours / DEVICES:.3g} h on the job's {DEVICES} devices)"
+        f"(from its FLOPs and batch; {hours / job_devices(wildcards.exp):.3g} h on the job's "
+        f"{job_devices(wildcards.exp)} devices)"
     )
 
 
