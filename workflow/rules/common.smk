@@ -18,7 +18,7 @@ from trm.launch import tpu_options
 from trm.run import layout
 from trm.storage import GCS_SCHEMES, check_url, write_text
 from trm.storage import join as url_join
-from trm.study.estimate import CostCache, accelerator_hours, run_flops
+from trm.study.estimate import CostCache, accelerator_hours, compiled_run_hours, compiled_step_seconds, run_flops
 from trm.study.plan import check_batches, parse_dataset_name, plan_study
 from trm.study.scale import SMOKE_POOL, TEST_PUZZLES
 
@@ -168,29 +168,45 @@ for _exp in PLAN.values():
     FIRST_WITH_HASH.setdefault(_exp.hash, _exp.id)
 
 
+# `trm compile-check`'s figures per compiled step (the compile_check target, workflow/rules/compile.smk).
+COMPILE_DIR = os.path.join(config["results"], "compile", config["launch"]["tpu"]["accelerator_type"])
+
+
+def _compiled_seconds(exp):
+    """The roofline step times of a run on the TPU slice, when its steps have been compiled for it; else None."""
+    if config["launch"]["backend"] != "tpu-vm" or config["scale"] != "paper":
+        return None
+    return compiled_step_seconds(exp.config, COMPILE_DIR)
+
+
 def _estimates():
-    """Estimated accelerator-hours per experiment, from its FLOPs and batch (model costs cached by config hash)."""
+    """Estimated accelerator-hours per experiment, and the experiments whose figures are compiled: from the
+    roofline times of its compiled steps where there are, else from its FLOPs and batch at the assumed
+    utilization (model costs cached by config hash)."""
     cache = CostCache(os.path.join(config["results"], ".cache", "model-costs.json"))
     accel = config["accelerator"]
-    hours = {
-        exp.id: accelerator_hours(
-            run_flops(exp.config, cache.costs(exp.hash, exp.config), TEST_PUZZLES[config["scale"]]),
-            accel["peak_flops"],
-            accel["utilization"],
-        )
-        for exp in PLAN.values()
-    }
+    hours, compiled = {}, set()
+    for exp in PLAN.values():
+        if seconds := _compiled_seconds(exp):
+            hours[exp.id] = compiled_run_hours(exp.config, seconds, DEVICES, TEST_PUZZLES[config["scale"]])
+            compiled.add(exp.id)
+        else:
+            flops = run_flops(exp.config, cache.costs(exp.hash, exp.config), TEST_PUZZLES[config["scale"]])
+            hours[exp.id] = accelerator_hours(flops, accel["peak_flops"], accel["utilization"])
     cache.save()
-    return hours
+    return hours, compiled
 
 
-ESTIMATED_HOURS = _estimates()
+ESTIMATED_HOURS, COMPILED = _estimates()
 _TOTAL_HOURS = sum(ESTIMATED_HOURS[first] for first in FIRST_WITH_HASH.values())
+_COMPILED_RUNS = sum(first in COMPILED for first in FIRST_WITH_HASH.values())
 print(
     f"TRM study, scale {config['scale']}: {len(PLAN)} experiments in {len(SELECTED_GROUPS)} groups, "
     f"{len(DATASETS)} datasets, {len(FIRST_WITH_HASH)} distinct runs; estimated "
-    f"{_TOTAL_HOURS:.4g} {config['accelerator']['name']}-hours of training and evaluation at "
-    f"{config['accelerator']['utilization']:.0%} of peak ({_TOTAL_HOURS / DEVICES:.4g} h on {DEVICES} devices per job)",
+    f"{_TOTAL_HOURS:.4g} {config['accelerator']['name']}-hours of training and evaluation: "
+    f"{_COMPILED_RUNS} runs at their compiled steps' roofline times (a lower bound; snakemake compile_check), "
+    f"{len(FIRST_WITH_HASH) - _COMPILED_RUNS} at an assumed {config['accelerator']['utilization']:.0%} of peak "
+    f"({_TOTAL_HOURS / DEVICES:.4g} h on {DEVICES} devices per job)",
     file=sys.stderr,
 )
 
@@ -255,9 +271,14 @@ def estimate_message(wildcards):
     if first != wildcards.exp:
         return f"train {wildcards.exp}: same config as {first}, whose run it collects (no training)"
     hours = ESTIMATED_HOURS[wildcards.exp]
+    source = (
+        "at its compiled steps' roofline times, a lower bound"
+        if wildcards.exp in COMPILED
+        else f"from its FLOPs and batch at an assumed {config['accelerator']['utilization']:.0%} of peak"
+    )
     return (
         f"train {wildcards.exp}: estimated {hours:.4g} {config['accelerator']['name']}-hours "
-        f"(from its FLOPs and batch; {hours / DEVICES:.3g} h on the job's {DEVICES} devices)"
+        f"({source}; {hours / DEVICES:.3g} h on the job's {DEVICES} devices)"
     )
 
 
