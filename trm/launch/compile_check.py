@@ -28,10 +28,17 @@ import os
 import re
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 
 from trm import storage
-from trm.config import add_overrides_argument, batch_split_problem, experiment_path, load_config
+from trm.config import (
+    add_overrides_argument,
+    batch_split_problem,
+    experiment_ids,
+    experiment_path,
+    load_config,
+)
 from trm.errors import UserError
 from trm.launch.accelerators import ACCELERATORS, GIB, Accelerator, accelerator, step_config, step_hash
 
@@ -41,7 +48,7 @@ INSTALL_HINT = "pip install -e '.[tpu]' (libtpu for the pinned jax, i.e. pip ins
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "experiments", nargs="+", metavar="EXPERIMENT", help="experiment ids (config/experiments/)"
+        "experiments", nargs="+", metavar="EXPERIMENT", help="experiment ids (config/experiments/), or all"
     )
     parser.add_argument(
         "--accelerator", default="v4-64", choices=list(ACCELERATORS), help="slice type (default: %(default)s)"
@@ -50,12 +57,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cache", metavar="DIR", help="reuse and keep each step's figures in DIR/<step hash>.json"
     )
+    parser.add_argument(
+        "--table",
+        action="store_true",
+        help="compile nothing: print a Markdown table of the experiments' figures kept in --cache DIR",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     chip = accelerator(args.accelerator)
+    ids = experiment_ids() if args.experiments == ["all"] else args.experiments
+    if args.table:
+        if not args.cache:
+            raise UserError("--table prints the figures kept in --cache DIR: give the folder")
+        print(table(ids, args.overrides, chip, Path(args.cache)))
+        return 0
     problems = []
-    for exp_id in args.experiments:
+    for exp_id in ids:
         config = load_config(experiment_path(exp_id), args.overrides)
         figures = cached_or_compiled(config, chip, args.cache, exp_id)
         print(report(exp_id, figures, chip), flush=True)
@@ -70,7 +88,12 @@ def cached_or_compiled(config: dict, chip: Accelerator, cache: str | None, exp_i
     """The figures of `config`'s steps on `chip`: from DIR/<step hash>.json when there, else compiled (and kept)."""
     path = Path(cache) / f"{step_hash(config)}.json" if cache else None
     if path is not None and path.exists():
-        return json.loads(path.read_text())
+        figures = json.loads(path.read_text())
+        if figures["accelerator"] != chip.name:
+            raise UserError(
+                f"{path} holds figures for a {figures['accelerator']}: use one folder per accelerator"
+            )
+        return figures
     print(f"compiling {exp_id} for a {chip.name} (minutes at paper scale)...", file=sys.stderr, flush=True)
     figures = compile_steps(config, chip)
     if path is not None:
@@ -138,6 +161,7 @@ def compile_steps(config: dict, chip: Accelerator) -> dict:
         "accelerator": chip.name,
         "devices": len(devices),
         "jax": jax.__version__,
+        "libtpu": metadata.version("libtpu"),
         "step_config": step_config(config),
         "train": _compiled_figures(
             train, rows_per_chip * flops_per_example_step(cfg), config["train"]["micro_batches"]
@@ -204,14 +228,11 @@ def report(exp_id: str, figures: dict, chip: Accelerator) -> str:
         total = total_bytes(step)
         collectives = ", ".join(f"{n} {op}" for op, n in step["collectives"].items() if n) or "none"
         seconds = roofline_seconds(step, chip)
-        bound = (
-            "FLOPs"
-            if step["flops"] / chip.peak_flops >= step["bytes_accessed"] / chip.hbm_bytes_per_second
-            else "HBM"
-        )
+        bound = _bound(step, chip)
         lines += [
             f"  {name} step (compiled in {step['compile_seconds']:.0f} s):",
             f"    HBM per chip   {_gib(step['argument_bytes'])} arguments + {_gib(step['temp_bytes'])} temporary"
+            f" + {_gib(total - step['argument_bytes'] - step['temp_bytes'])} new outputs and code"
             f" = {_gib(total)} of {_gib(chip.hbm_bytes)} ({100 * total / chip.hbm_bytes:.0f}%)"
             + ("" if total <= chip.hbm_bytes else "  DOES NOT FIT"),
             f"    per chip       {step['flops'] / 1e12:.2f} TFLOP compiled ({step['model_flops'] / 1e12:.2f} TFLOP"
@@ -236,6 +257,10 @@ def fit_problem(exp_id: str, config: dict, figures: dict, chip: Accelerator) -> 
     )
     if total_bytes(train) > chip.hbm_bytes:
         text += " " + _train_advice(exp_id, config, train, chip, figures["devices"])
+    if total_bytes(evaluation) > chip.hbm_bytes:
+        text += (
+            " The evaluation runs train.global_batch_size rows at once: a smaller batch or a larger slice."
+        )
     return text
 
 
@@ -260,3 +285,38 @@ def _train_advice(exp_id: str, config: dict, train: dict, chip: Accelerator, dev
 
 def _gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
+
+
+def table(ids: list[str], overrides: list[str], chip: Accelerator, cache: Path) -> str:
+    """A Markdown table, one row per experiment, of the figures kept in `cache` (a dash where none are yet)."""
+    rows = [
+        "| experiment | step | train HBM/chip | train step (roofline) | MFU at most | eval HBM/chip | eval step "
+        "| compile (train + eval) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    first = {}
+    for exp_id in ids:
+        config = load_config(experiment_path(exp_id), overrides)
+        key = step_hash(config)
+        shared = first.setdefault(key, exp_id)
+        step = key if shared == exp_id else f"= {shared}"
+        path = cache / f"{key}.json"
+        if not path.exists():
+            rows.append(f"| {exp_id} | {step} | not compiled yet | | | | | |")
+            continue
+        figures = json.loads(path.read_text())
+        train, evaluation = figures["train"], figures["eval"]
+        fits = "" if total_bytes(train) <= chip.hbm_bytes else " **does not fit**"
+        rows.append(
+            f"| {exp_id} | {step} | {total_bytes(train) / GIB:.1f} GiB{fits} "
+            f"| {1e3 * roofline_seconds(train, chip):.0f} ms ({_bound(train, chip)}) | {100 * mfu(train, chip):.0f}% "
+            f"| {total_bytes(evaluation) / GIB:.1f} GiB | {1e3 * roofline_seconds(evaluation, chip):.0f} ms "
+            f"| {train['compile_seconds']:.0f} + {evaluation['compile_seconds']:.0f} s |"
+        )
+    return "\n".join(rows)
+
+
+def _bound(step: dict, chip: Accelerator) -> str:
+    """What bounds the roofline time: the FLOPs at peak or the bytes at full HBM bandwidth."""
+    compute = step["flops"] / chip.peak_flops
+    return "FLOPs" if compute >= step["bytes_accessed"] / chip.hbm_bytes_per_second else "HBM"
