@@ -11,7 +11,7 @@ the collectives; a roofline step time (FLOPs at peak or bytes at full HBM bandwi
 the MFU it implies (the analytic model FLOPs of trm/model/flops.py over peak x that time). The same for the
 evaluation step (one supervision step on a batch of train.global_batch_size rows).
 
-A roofline is a lower bound on the step time: it assumes every FLOP at peak and every byte at full
+A roofline is a best case: every FLOP at peak and every byte (as the compiler counts them) at full
 bandwidth, with nothing else in the way. docs/tpu.md says how far to trust it.
 
 When a step does not fit, the command fails naming the numbers and the `train.micro_batches` or
@@ -40,6 +40,7 @@ from trm.config import (
     load_config,
 )
 from trm.errors import UserError
+from trm.launch import tpu_options
 from trm.launch.accelerators import ACCELERATORS, GIB, Accelerator, accelerator, step_config, step_hash
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
@@ -51,7 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "experiments", nargs="+", metavar="EXPERIMENT", help="experiment ids (config/experiments/), or all"
     )
     parser.add_argument(
-        "--accelerator", default="v4-64", choices=list(ACCELERATORS), help="slice type (default: %(default)s)"
+        "--accelerator",
+        default=tpu_options.defaults()["accelerator_type"],
+        choices=list(ACCELERATORS),
+        help="slice type (default: launch.tpu.accelerator_type of config/config.yaml, %(default)s)",
     )
     add_overrides_argument(parser)
     parser.add_argument(

@@ -8,7 +8,7 @@ wall time, not the device-hours. Compilation and input pipeline time are not inc
 
 Where `trm compile-check` has compiled a run's steps for the slice (the workflow's `compile_check` target),
 `compiled_step_seconds` gives their roofline times instead, and `compiled_run_hours` the run's chip-hours at
-those times: a lower bound, as a roofline is (docs/tpu.md), where the assumed utilization is a guess.
+those times: a best case, as a roofline is (docs/tpu.md), where the assumed utilization is a guess.
 """
 
 from __future__ import annotations

@@ -204,7 +204,7 @@ print(
     f"TRM study, scale {config['scale']}: {len(PLAN)} experiments in {len(SELECTED_GROUPS)} groups, "
     f"{len(DATASETS)} datasets, {len(FIRST_WITH_HASH)} distinct runs; estimated "
     f"{_TOTAL_HOURS:.4g} {config['accelerator']['name']}-hours of training and evaluation: "
-    f"{_COMPILED_RUNS} runs at their compiled steps' roofline times (a lower bound; snakemake compile_check), "
+    f"{_COMPILED_RUNS} runs at their compiled steps' roofline times (a best case; snakemake compile_check), "
     f"{len(FIRST_WITH_HASH) - _COMPILED_RUNS} at an assumed {config['accelerator']['utilization']:.0%} of peak "
     f"({_TOTAL_HOURS / DEVICES:.4g} h on {DEVICES} devices per job)",
     file=sys.stderr,
@@ -272,7 +272,7 @@ def estimate_message(wildcards):
         return f"train {wildcards.exp}: same config as {first}, whose run it collects (no training)"
     hours = ESTIMATED_HOURS[wildcards.exp]
     source = (
-        "at its compiled steps' roofline times, a lower bound"
+        "at its compiled steps' roofline times, a best case"
         if wildcards.exp in COMPILED
         else f"from its FLOPs and batch at an assumed {config['accelerator']['utilization']:.0%} of peak"
     )
