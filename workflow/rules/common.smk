@@ -17,7 +17,7 @@ from trm.launch import tpu_options
 from trm.run import layout
 from trm.storage import GCS_SCHEMES, check_url, write_text
 from trm.storage import join as url_join
-from trm.study.estimate import CostCache, accelerator_hours, run_flops
+from trm.study.estimate import CostCache, accelerator_hours, compiled_run_hours, compiled_step_seconds, run_flops
 from trm.study.groups import REFERENCE_GROUP
 from trm.study.plan import check_batches, parse_dataset_name, plan_study
 from trm.study.scale import SMOKE_POOL, TEST_PUZZLES
@@ -181,30 +181,46 @@ for _exp in PLAN.values():
     FIRST_WITH_HASH.setdefault(_exp.hash, _exp.id)
 
 
+def compile_dir(exp_id):
+    """`trm compile-check`'s figures of the experiment's accelerator (the compile_check target, compile.smk)."""
+    return os.path.join(config["results"], "compile", job_launch(exp_id)["tpu"]["accelerator_type"])
+
+
+def _compiled_seconds(exp):
+    """The roofline step times of a run on the TPU slice, when its steps have been compiled for it; else None."""
+    if config["launch"]["backend"] != "tpu-vm" or config["scale"] != "paper":
+        return None
+    return compiled_step_seconds(exp.config, compile_dir(exp.id))
+
+
 def _estimates():
-    """Estimated accelerator-hours per experiment, from its FLOPs and batch (model costs cached by config hash)."""
+    """Estimated accelerator-hours per experiment, and the experiments whose figures are compiled: from the
+    roofline times of its compiled steps where there are, else from its FLOPs and batch at the assumed
+    utilization (model costs cached by config hash)."""
     cache = CostCache(os.path.join(config["results"], ".cache", "model-costs.json"))
     accel = config["accelerator"]
-    hours = {
-        exp.id: accelerator_hours(
-            run_flops(exp.config, cache.costs(exp.hash, exp.config), TEST_PUZZLES[config["scale"]]),
-            accel["peak_flops"],
-            accel["utilization"],
-        )
-        for exp in PLAN.values()
-    }
+    hours, compiled = {}, set()
+    for exp in PLAN.values():
+        if seconds := _compiled_seconds(exp):
+            hours[exp.id] = compiled_run_hours(exp.config, seconds, job_devices(exp.id), TEST_PUZZLES[config["scale"]])
+            compiled.add(exp.id)
+        else:
+            flops = run_flops(exp.config, cache.costs(exp.hash, exp.config), TEST_PUZZLES[config["scale"]])
+            hours[exp.id] = accelerator_hours(flops, accel["peak_flops"], accel["utilization"])
     cache.save()
-    return hours
+    return hours, compiled
 
 
-ESTIMATED_HOURS = _estimates()
+ESTIMATED_HOURS, COMPILED = _estimates()
 _TOTAL_HOURS = sum(ESTIMATED_HOURS[first] for first in FIRST_WITH_HASH.values())
+_COMPILED_RUNS = sum(first in COMPILED for first in FIRST_WITH_HASH.values())
 print(
     f"TRM study, scale {config['scale']}: {len(PLAN) - len(REFERENCES)} experiments in {len(SELECTED_GROUPS)} groups"
     f"{f' and {len(REFERENCES)} reference' if REFERENCES else ''}, "
     f"{len(DATASETS)} datasets, {len(FIRST_WITH_HASH)} distinct runs; estimated "
-    f"{_TOTAL_HOURS:.4g} {config['accelerator']['name']}-hours of training and evaluation at "
-    f"{config['accelerator']['utilization']:.0%} of peak "
+    f"{_TOTAL_HOURS:.4g} {config['accelerator']['name']}-hours of training and evaluation: "
+    f"{_COMPILED_RUNS} runs at their compiled steps' roofline times (a best case; snakemake compile_check), "
+    f"{len(FIRST_WITH_HASH) - _COMPILED_RUNS} at an assumed {config['accelerator']['utilization']:.0%} of peak "
     f"({sum(ESTIMATED_HOURS[e] / job_devices(e) for e in FIRST_WITH_HASH.values()):.4g} h of jobs "
     + (f"on {DEVICES} devices each)" if len({job_devices(e) for e in PLAN}) == 1 else "each on its own devices)"),
     file=sys.stderr,
@@ -271,10 +287,14 @@ def estimate_message(wildcards):
     if first != wildcards.exp:
         return f"train {wildcards.exp}: same config as {first}, whose run it collects (no training)"
     hours = ESTIMATED_HOURS[wildcards.exp]
+    source = (
+        "at its compiled steps' roofline times, a best case"
+        if wildcards.exp in COMPILED
+        else f"from its FLOPs and batch at an assumed {config['accelerator']['utilization']:.0%} of peak"
+    )
     return (
         f"train {wildcards.exp}: estimated {hours:.4g} {config['accelerator']['name']}-hours "
-        f"(from its FLOPs and batch; {hours / job_devices(wildcards.exp):.3g} h on the job's "
-        f"{job_devices(wildcards.exp)} devices)"
+        f"({source}; {hours / job_devices(wildcards.exp):.3g} h on the job's {job_devices(wildcards.exp)} devices)"
     )
 
 
