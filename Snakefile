@@ -17,9 +17,10 @@ include: "workflow/rules/analysis.smk"
 report: "workflow/report/workflow.rst"
 
 
-# Small jobs run on the controller under any executor; datasets, training and evaluation go to the executor.
+# Small jobs run on the controller under any executor; datasets and training (with evaluation) go to the executor.
 localrules:
     all,
+    evaluate,
     run_metrics,
     aggregate,
     verdicts,

@@ -246,21 +246,34 @@ def _get(config: dict, dotted: str):
 # -------------------------------------------------------------------------------------------- collect-run
 
 
-def test_collect_run_refuses_an_unfinished_run(tmp_path, capsys):
+def test_collect_run_refuses_an_unfinished_run_or_one_missing_a_test_time_count(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
     for name in ("config.json", "metrics.jsonl", "final.json"):
         (run / name).write_text("{}\n")
+    evaluation = {"checkpoint_step": 4, "results": [{"steps": 2, "count": 3}, {"steps": 16, "count": 3}]}
+    (run / "test_time.json").write_text(json.dumps(evaluation))
     assert trm_main(["collect-run", str(run), str(tmp_path / "local")]) == 2
     assert "no _SUCCESS" in capsys.readouterr().err
     assert not (tmp_path / "local" / "final.json").exists()
     (run / "_SUCCESS").write_text("")
-    assert trm_main(["collect-run", str(run), str(tmp_path / "local")]) == 0
+    # The workflow asks for its test_time_steps: a run evaluated at other counts is not complete for it.
+    assert trm_main(["collect-run", str(run), str(tmp_path / "local"), "--test-time-steps", "16,32"]) == 2
+    assert "has step counts 2,16, not 32" in capsys.readouterr().err
+    assert not (tmp_path / "local" / "final.json").exists()
+    assert trm_main(["collect-run", str(run), str(tmp_path / "local"), "--test-time-steps", "16"]) == 0
     assert sorted(p.name for p in (tmp_path / "local").iterdir()) == [
         "config.json",
         "final.json",
         "metrics.jsonl",
+        "test_time.json",
     ]
+    out = tmp_path / "eval" / "exp-steps.json"
+    assert (
+        trm_main(["collect-evaluation", str(run / "test_time.json"), "--steps", "16", "--out", str(out)]) == 0
+    )
+    assert json.loads(out.read_text()) == {**evaluation, "results": [{"steps": 16, "count": 3}]}
+    assert out.with_suffix(".csv").read_text() == "steps,count\n16,3\n"
 
 
 # ---------------------------------------------------------------------------------------------- end to end
@@ -286,7 +299,7 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
         assert (results / f"plots/{group}.png").stat().st_size > 1000
         svg = (results / f"plots/{group}.svg").read_text()
         assert "<svg" in svg and "accuracy vs test-time supervision steps" in svg
-    # Test-time scaling: each run's last checkpoint scored at the smoke test_time_steps by `trm evaluate`.
+    # Test-time scaling: each run scored at the smoke test_time_steps by its training job, as the last phase.
     test_time = pd.read_csv(results / "table-test-time.csv")
     assert list(zip(test_time["id"], test_time["steps"], strict=True)) == [
         ("exp01a", 16),
@@ -298,9 +311,10 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     assert test_time["exact_accuracy"].between(0, 1).all() and test_time["accuracy"].between(0, 1).all()
     evaluation = json.loads((results / "eval/exp01a-steps.json").read_text())
     assert evaluation["results"][0]["count"] == 16 and evaluation["weights"] in ("ema", "params")
-    # At the training halt limit (16 steps) `trm evaluate` reproduces the trainer's final test evaluation exactly:
-    # the same evaluator (one compiled supervision step) on the same batches of the run's batch size and the same
-    # devices, so equal by construction, not by tolerance.
+    # At the training halt limit (16 steps) the test-time figures are the trainer's final test evaluation: one
+    # pass records both, so they are equal by construction, not by tolerance. The controller ran no evaluation.
+    shell_commands = run.stdout + run.stderr  # printed: profiles/default sets printshellcmds
+    assert "collect-evaluation" in shell_commands and " evaluate --checkpoint" not in shell_commands
     at_halt_limit = test_time[test_time["steps"] == 16].set_index("id")
     for row in table.itertuples():
         assert at_halt_limit.loc[row.id, "exact_accuracy"] == row.test_exact_accuracy

@@ -238,6 +238,7 @@ def train_command(exp):
     """The argv of the one command that trains an experiment; after `--`, `trm train`'s arguments."""
     launch = config["launch"]
     train_args = ["--config", config_file(exp.id), "--data", dataset_url(exp.dataset), "--run-dir", run_url(exp.id)]
+    train_args += ["--test-time-steps", TEST_TIME_STEPS]
     launch_args = ["--backend", launch["backend"], "--hosts", launch["hosts"], "--devices-per-host", launch["devices_per_host"]]
     if launch["backend"] == "tpu-vm":
         launch_args += tpu_options.flags(_TPU)
