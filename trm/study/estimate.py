@@ -1,8 +1,11 @@
 """Planned cost of a run from its own FLOPs and batch: parameters, training and evaluation FLOPs, accelerator-hours.
 
 Training: `steps x global_batch_size x` the FLOPs of one supervision step of one example (forward of all
-recursions, backward of the last; spec trm.md §13). Evaluation: after every `eval_interval` epochs,
-`eval_steps` forward supervision steps on each test puzzle (the intermediate ones on `eval_subset` puzzles).
+recursions, backward of the last; spec trm.md §13). Evaluation, as the trainer runs it (`evaluation_passes`): at
+the end of every `eval_interval` epochs but the last, `eval_steps` forward supervision steps on each of the first
+`eval_subset` test puzzles; at the end, one pass over the whole test split to the largest of `eval_steps` and the
+test-time step counts (the smaller counts are recorded on the way, trm/train/test_time.py). Every row of a batch
+is computed, so the puzzles are rounded up to whole batches.
 Accelerator-hours = FLOPs / (peak FLOP/s per device x utilization) / 3600; the number of devices changes the
 wall time, not the device-hours. Compilation and input pipeline time are not included.
 """
@@ -10,8 +13,10 @@ wall time, not the device-hours. Compilation and input pipeline time are not inc
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -36,16 +41,35 @@ def model_costs(config: dict) -> dict:
     }
 
 
-def run_flops(config: dict, costs: dict, test_puzzles: int) -> float:
-    """Training plus evaluation FLOPs of one run."""
+def training_flops(config: dict, costs: dict) -> float:
+    """FLOPs of a run's training steps."""
+    return float(
+        training_steps(config) * config["train"]["global_batch_size"] * costs["train_flops_per_example_step"]
+    )
+
+
+def evaluation_passes(config: dict, test_puzzles: int, test_time_steps: Sequence[int]) -> dict[str, tuple]:
+    """The trainer's evaluations of a run, each as (evaluations, rows, supervision steps): "intermediate" (on
+    `eval_subset` puzzles) and "final" (the whole test split, one pass to the largest count)."""
     train = config["train"]
-    training = training_steps(config) * train["global_batch_size"] * costs["train_flops_per_example_step"]
-    evaluations = train["epochs"] // train["eval_interval"]
+    batch = train["global_batch_size"]
     subset = test_puzzles if train["eval_subset"] is None else min(train["eval_subset"], test_puzzles)
-    evaluated = (
-        evaluations - 1
-    ) * subset + test_puzzles  # intermediate evaluations on the subset, final on all
-    return float(training + evaluated * train["eval_steps"] * costs["eval_flops_per_example_step"])
+    return {
+        "intermediate": (
+            train["epochs"] // train["eval_interval"] - 1,
+            math.ceil(subset / batch) * batch,
+            train["eval_steps"],
+        ),
+        "final": (1, math.ceil(test_puzzles / batch) * batch, max(train["eval_steps"], *test_time_steps)),
+    }
+
+
+def evaluation_flops(config: dict, costs: dict, test_puzzles: int, test_time_steps: Sequence[int]) -> float:
+    """FLOPs of a run's evaluations (`evaluation_passes`): forward supervision steps of every row evaluated."""
+    passes = evaluation_passes(config, test_puzzles, test_time_steps).values()
+    return float(
+        sum(count * rows * steps for count, rows, steps in passes) * costs["eval_flops_per_example_step"]
+    )
 
 
 def accelerator_hours(flops: float, peak_flops: float, utilization: float) -> float:

@@ -18,7 +18,7 @@ from trm.launch import tpu_options
 from trm.run import layout
 from trm.storage import GCS_SCHEMES, check_url, write_text
 from trm.storage import join as url_join
-from trm.study.estimate import CostCache, accelerator_hours, run_flops
+from trm.study.estimate import CostCache, accelerator_hours, evaluation_flops, evaluation_passes, training_flops
 from trm.study.plan import check_batches, parse_dataset_name, plan_study
 from trm.study.scale import SMOKE_POOL, TEST_PUZZLES
 
@@ -169,28 +169,38 @@ for _exp in PLAN.values():
 
 
 def _estimates():
-    """Estimated accelerator-hours per experiment, from its FLOPs and batch (model costs cached by config hash)."""
+    """Estimated accelerator-hours of each experiment's training and of its evaluations, from their FLOPs and
+    batch (model costs cached by config hash)."""
     cache = CostCache(os.path.join(config["results"], ".cache", "model-costs.json"))
     accel = config["accelerator"]
-    hours = {
-        exp.id: accelerator_hours(
-            run_flops(exp.config, cache.costs(exp.hash, exp.config), TEST_PUZZLES[config["scale"]]),
-            accel["peak_flops"],
-            accel["utilization"],
-        )
-        for exp in PLAN.values()
-    }
+    test_puzzles = TEST_PUZZLES[config["scale"]]
+    steps = config["test_time_steps"][config["scale"]]
+    hours = {}
+    for exp in PLAN.values():
+        costs = cache.costs(exp.hash, exp.config)
+        flops = {
+            "training": training_flops(exp.config, costs),
+            "evaluation": evaluation_flops(exp.config, costs, test_puzzles, steps),
+        }
+        hours[exp.id] = {k: accelerator_hours(v, accel["peak_flops"], accel["utilization"]) for k, v in flops.items()}
     cache.save()
     return hours
 
 
 ESTIMATED_HOURS = _estimates()
-_TOTAL_HOURS = sum(ESTIMATED_HOURS[first] for first in FIRST_WITH_HASH.values())
+_DEVICE_HOURS = f"{config['accelerator']['name']}-hours"
+_TOTALS = {
+    part: sum(ESTIMATED_HOURS[first][part] for first in FIRST_WITH_HASH.values()) for part in ("training", "evaluation")
+}
 print(
     f"TRM study, scale {config['scale']}: {len(PLAN)} experiments in {len(SELECTED_GROUPS)} groups, "
-    f"{len(DATASETS)} datasets, {len(FIRST_WITH_HASH)} distinct runs; estimated "
-    f"{_TOTAL_HOURS:.4g} {config['accelerator']['name']}-hours of training and evaluation at "
-    f"{config['accelerator']['utilization']:.0%} of peak ({_TOTAL_HOURS / DEVICES:.4g} h on {DEVICES} devices per job)",
+    f"{len(DATASETS)} datasets, {len(FIRST_WITH_HASH)} distinct runs; estimated at "
+    f"{config['accelerator']['utilization']:.0%} of peak:\n"
+    + "".join(
+        f"  {part + ':':<12}{hours:.4g} {_DEVICE_HOURS} ({hours / DEVICES:.4g} h of jobs on {DEVICES} devices)\n"
+        for part, hours in _TOTALS.items()
+    ),
+    end="",
     file=sys.stderr,
 )
 
@@ -252,13 +262,21 @@ def preflight_command():
 
 
 def estimate_message(wildcards):
+    """The job's estimate, training and evaluation on separate labelled lines (evaluation as the trainer runs it:
+    trm/study/estimate.py)."""
     first = first_with_same_run(wildcards.exp)
     if first != wildcards.exp:
         return f"train {wildcards.exp}: same config as {first}, whose run it collects (no training)"
     hours = ESTIMATED_HOURS[wildcards.exp]
+    passes = evaluation_passes(PLAN[wildcards.exp].config, TEST_PUZZLES[config["scale"]], config["test_time_steps"][config["scale"]])
+    count, rows, steps = passes["intermediate"]
+    _, final_rows, final_steps = passes["final"]
     return (
-        f"train {wildcards.exp}: estimated {hours:.4g} {config['accelerator']['name']}-hours "
-        f"(from its FLOPs and batch; {hours / DEVICES:.3g} h on the job's {DEVICES} devices)"
+        f"train {wildcards.exp}: estimated on the job's {DEVICES} devices\n"
+        f"    training:   {hours['training']:.4g} {_DEVICE_HOURS} ({hours['training'] / DEVICES:.3g} h on them)\n"
+        f"    evaluation: {hours['evaluation']:.4g} {_DEVICE_HOURS} ({hours['evaluation'] / DEVICES:.3g} h on them): "
+        f"{count} x {rows} rows x {steps} steps during training, {final_rows} rows x {final_steps} steps at the end "
+        f"(every test_time_steps count {TEST_TIME_STEPS} in one pass)"
     )
 
 
