@@ -1,7 +1,7 @@
 # The TRM scaling study: 67 experiments from raw puzzles to scaling plots (docs/configuration.md, workflow section).
 #   snakemake -n                                  plan, with estimated accelerator-hours per training job
-#   snakemake all                                 everything: datasets, runs, table, plots
-#   snakemake --config experiments=[exp01a]       one experiment (or groups=[exp01] for one group)
+#   snakemake --cores 2 all                       everything: datasets, runs, table, plots
+#   snakemake --cores 2 --config experiments=[exp01a]   one experiment (or groups=[exp01] for one group)
 #   snakemake --report results/report.html        HTML report with the plots and the table
 # Settings: config/config.yaml (local defaults), profiles/default/ (applied everywhere).
 

@@ -1,6 +1,6 @@
 """Benchmark: build 1000 Sudoku puzzles x 1000 augmentations, vectorised (`trm build-dataset`) vs a per-example loop.
 
-The loop builder below is a plain transcription of the original builder's approach (spec trm.md §2.3): one
+The loop builder below is a plain transcription of the original builder's approach: one
 augmentation drawn and applied per example, boards collected in Python lists, stacked into int64 arrays.
 Each build runs in its own subprocess, which reports its wall time and peak resident memory
 (getrusage RUSAGE_SELF ru_maxrss). Also measures the offline generator's puzzles per second.

@@ -6,11 +6,11 @@ random Sudoku-shaped batches and times steady-state steps. In the same run, and 
 steps so that load from other processes hits both alike, it times a plain jitted square matmul of the
 same total FLOP count as one train step. Reported per case:
 
-- examples/s and achieved GFLOP/s (examples/s x flops_per_example_step, spec trm.md §13);
+- examples/s and achieved GFLOP/s (examples/s x flops_per_example_step, trm/model/flops.py);
 - achieved / matmul: the fraction of this CPU's plain-matmul rate the step reaches (transfers across
   machines);
 - ratio to the original PyTorch TRM's figures in spec performance.md (4.13 / 2.64 / 20.8 examples/s) and,
-  with --torch, to a PyTorch transcription of the step run here (trm.md §4-§8; needs `pip install torch`);
+  with --torch, to a PyTorch transcription of the step run here (needs `pip install torch`);
 - compile time (first call minus a steady step) and the compile count after warm-up (must stay 1).
 
 Absolute figures drift with machine load; compare the ratios. Each step is also timed in process CPU

@@ -2,7 +2,7 @@
 
 Importing this module (tests/conftest.py registers it) picks a free port and points every GCS client in this
 process and its subprocesses at it, so no test can reach real GCS. The variables must be set before gcsfs,
-tensorstore or orbax are imported (platform.md §4.4); they do not affect local-path tests. The server itself
+tensorstore or orbax are imported; they do not affect local-path tests. The server itself
 starts only when a test asks for `gcs_emulator` (once per session, ~0.1-1.5 s) and stops at the end.
 
 Fixtures: `gcs_emulator` (endpoint URL), `gcs_bucket` (a fresh empty bucket, "gs://NAME"), and `storage_root`

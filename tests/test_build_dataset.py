@@ -222,7 +222,10 @@ BAD_ROWS = {
     "zero in question": ("gen,{q_zero},{a},5", "question has '0' at position 1"),
     "bad answer character": ("gen,{q},{a_dot},5", "answer has '.' at position 1"),
     "inconsistent answer": ("gen,{q_wrong},{a},5", "answer does not match the question's given digit"),
-    "invalid solution": ("gen,{q_blank},{a_swapped},5", "answer is not a valid Sudoku solution"),
+    "invalid solution": (
+        "gen,{q_blank},{a_swapped},5",
+        "answer is not a valid Sudoku solution: digit {a1} appears 2 times in column 1",
+    ),
     "missing field": ("gen,{q},{a}", "expected 4 fields"),
     "bad rating": ("gen,{q},{a},hard", "rating 'hard' is not an integer"),
 }
@@ -257,7 +260,7 @@ def test_bad_rows_are_reported_with_file_and_line(tmp_path, generated, capsys, c
     out = tmp_path / "out" / "ds"
     assert build("--source", str(path), "--output-dir", str(out)) == 2
     err = capsys.readouterr().err
-    assert f"{path}, line 4: {message}" in err
+    assert f"{path}, line 4: {message.format(a1=a[1])}" in err
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
 
 
@@ -267,6 +270,11 @@ def test_bad_rows_are_reported_with_file_and_line(tmp_path, generated, capsys, c
         ("", "line 1: file is empty"),
         ("source,question,rating\n", "line 1: missing column(s) answer"),
         ("source,question,answer,rating\n", "line 2: no puzzles after the header"),
+        (
+            "q\x1b[31m,a\x00\n",
+            r"line 1: missing column(s) question, answer; expected the header source,"
+            r"question,answer,rating, found q\x1b[31m,a\x00",
+        ),  # escaped, not sent to the terminal
     ],
 )
 def test_bad_files_are_reported(tmp_path, capsys, content, message):
@@ -345,6 +353,13 @@ def test_load_split_errors_name_the_file(tmp_path, generated):
     (out / "train" / "dataset.json").write_text(json.dumps(metadata))
     with pytest.raises(UserError, match=r"train/all__group_indices\.npy: expected 4 offsets"):
         fmt.load_split(out, "train")
+    inputs = out / "test" / "all__inputs.npy"
+    inputs.write_bytes(b"\x80\x04garbage, not an array")  # np.load would unpickle it
+    with pytest.raises(UserError, match=r"all__inputs\.npy: not a NumPy \.npy file.*trm build-dataset"):
+        fmt.load_split(out, "test")
+    np.save(inputs, np.array([{"a": 1}], dtype=object))
+    with pytest.raises(UserError, match=r"all__inputs\.npy: holds Python objects, not integer tokens"):
+        fmt.load_split(out, "test")
 
 
 def test_dataset_info_prints_and_checks_the_hash(tmp_path, small_csv, capsys):

@@ -24,10 +24,10 @@ from trm.config import (
     validate_config,
 )
 from trm.errors import UserError
-from trm.study.groups import config_keys, load_groups
+from trm.study.groups import config_keys, load_groups, load_references
 from trm.study.reference import REFERENCE_PATH, reference_markdown
 
-# The ten (train_puzzles, num_aug) datasets of the study (experiments.md, "Datasets needed").
+# The ten (train_puzzles, num_aug) datasets of the study.
 DATASETS = {
     (1000, 1000),
     (100, 1000),
@@ -103,7 +103,7 @@ def test_snakemake_validate_accepts_base_and_rejects_unknown_key(base):
 
 
 def test_all_67_experiments_validate_and_plain_yaml_reads_them_alike(resolved):
-    assert len(resolved) == 67
+    assert len(resolved) == 68  # the 67 of the study and the paper-recipe reference
     plain_base = yaml.safe_load(BASE_CONFIG.read_text())
     for exp_id, config in resolved.items():
         # Snakemake and other readers use plain PyYAML (YAML 1.1): they must see the same numbers, not strings.
@@ -113,7 +113,8 @@ def test_all_67_experiments_validate_and_plain_yaml_reads_them_alike(resolved):
 
 
 def test_every_experiment_file_names_its_group_in_a_comment():
-    for exp_id in experiment_ids():
+    references = {ref["id"] for ref in load_references()}
+    for exp_id in set(experiment_ids()) - references:
         first = experiment_path(exp_id).read_text().splitlines()[0]
         assert first.startswith(f"# {exp_id.split('_')[0].rstrip('abcdef')}"), (exp_id, first)
 
@@ -151,7 +152,12 @@ def test_groups_cover_every_experiment_once_with_ten_datasets(resolved):
     members = [m for g in groups for m in g["members"]]
     assert len(groups) == 14
     assert len(members) == len(set(members)) == 67
-    assert set(members) == set(resolved)
+    references = [ref["id"] for ref in load_references()]
+    assert references == ["ref_paper"] and set(members) | set(references) == set(resolved)
+    # The reference is the paper's recipe: the baseline but for its batch of 768.
+    paper = {**resolved["ref_paper"], "train": {**resolved["ref_paper"]["train"], "global_batch_size": 6144}}
+    assert config_hash(paper) == config_hash(resolved[load_groups()[0]["baseline"]])
+    assert resolved["ref_paper"]["train"]["global_batch_size"] == 768
     datasets = {(c["data"]["train_puzzles"], c["data"]["num_aug"]) for c in resolved.values()}
     assert datasets == DATASETS
 

@@ -1,4 +1,4 @@
-"""The vectorised Sudoku symmetries against a literal per-example transcription of spec trm.md §2.3 step 4."""
+"""The vectorised Sudoku symmetries against a literal per-example transcription of the original builder's per-example draws."""
 
 from __future__ import annotations
 

@@ -194,4 +194,20 @@ def test_bad_input(trained, tmp_path, capsys):
     (run / "config.json").write_text(json.dumps(config))
     err = fails("--checkpoint", str(run), "--data", str(trained["built"]))
     assert "another architecture" in err and "embed_tokens" in err
+
+    # Damaged checkpoints: the state item gone, then every array file garbled.
+    damaged = tmp_path / "damaged"
+    shutil.copytree(trained["run"], damaged)
+    (step,) = [p for p in (damaged / "ckpt").iterdir() if p.name.isdigit()]
+    state = step / "state"
+    garbled = tmp_path / "garbled"
+    shutil.copytree(trained["run"], garbled)
+    shutil.rmtree(state)
+    err = fails("--checkpoint", str(damaged), "--data", str(trained["built"]))
+    assert f"ckpt/{step.name}: the checkpoint cannot be read" in err and "Traceback" not in err
+    for file in (garbled / "ckpt" / step.name / "state").rglob("*"):
+        if file.is_file() and "metadata" not in file.name:
+            file.write_bytes(b"\x00garbage" * 3)
+    err = fails("--checkpoint", str(garbled), "--data", str(trained["built"]))
+    assert f"ckpt/{step.name}: the checkpoint cannot be read" in err, err
     assert not (tmp_path / "out.json").exists()

@@ -1,4 +1,4 @@
-"""Optimisers (spec §8.1-8.2, exp09) against float64 NumPy transcriptions of their formulas."""
+"""Optimisers (exp09) against float64 NumPy transcriptions of their formulas."""
 
 from __future__ import annotations
 

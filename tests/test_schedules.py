@@ -1,4 +1,4 @@
-"""Learning-rate schedule (spec §8.3), recursion curriculum (contrib01) and halting-exploration anneal (contrib02)."""
+"""Learning-rate schedule, recursion curriculum (contrib01) and halting-exploration anneal (contrib02)."""
 
 from __future__ import annotations
 

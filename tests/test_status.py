@@ -115,8 +115,20 @@ def test_runs_are_named_by_the_experiments_sharing_their_config(tmp_path, capsys
 
 
 def test_bad_arguments_and_empty_storage(tmp_path, capsys):
-    assert trm(["status", "--storage", str(tmp_path / "nothing")]) == 0
-    assert "no runs under" in capsys.readouterr().out
+    assert trm(["status", "--storage", str(tmp_path)]) == 0
+    assert f"no runs under {tmp_path} yet" in capsys.readouterr().out
+    # A typo is not an empty study.
+    assert trm(["status", "--storage", str(tmp_path / "nothing")]) == 2
+    assert "nothing: no such folder" in capsys.readouterr().err
+    # A damaged status.json is not a missing one.
+    run = tmp_path / "smoke" / "runs" / "abc"
+    run.mkdir(parents=True)
+    (run / "status.json").write_text('{"state": "runn')
+    assert trm(["status", "--storage", str(tmp_path)]) == 0
+    assert (
+        "status.json is not a JSON object: half-written by a dying host, or damaged"
+        in capsys.readouterr().out
+    )
     assert trm(["status", "--storage", str(tmp_path), "--stale-after", "0"]) == 2
     assert "--stale-after" in capsys.readouterr().err
     assert trm(["status", "--storage", "ftp://x/y"]) == 2

@@ -297,3 +297,28 @@ def test_cli_refuses_bad_input_and_writes_nothing(tmp_path, capsys):
     assert trm_main([*missing, "--scale", "paper", "--output", str(out)]) == 2
     assert "none.csv: missing" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_plot_group_refuses_missing_malformed_or_foreign_tables_and_groups(tmp_path, capsys):
+    out = tmp_path / "plots" / "exp07"
+    base = ["plot-group", "exp07", "--output", str(out)]
+
+    def refused(table: Path, groups: Path) -> str:
+        assert trm_main([*base, "--table", str(table), "--groups", str(groups)]) == 2
+        return capsys.readouterr().err
+
+    assert "none.csv: missing; `trm aggregate` writes it" in refused(tmp_path / "none", GROUPS_PATH)
+    good = tmp_path / "good"
+    for suffix in ("", "-curves", "-test-time"):
+        Path(f"{good}{suffix}.csv").write_text("id,group\nexp07a,exp07\n")
+    (tmp_path / "foreign.csv").write_text("a,b\n1,2\n")
+    assert "foreign.csv: no column id, group: not a table" in refused(tmp_path / "foreign", GROUPS_PATH)
+    (tmp_path / "broken.csv").write_text('id,group\nexp07a,exp07,"unterminated\n')
+    assert "broken.csv: not a readable CSV table" in refused(tmp_path / "broken", GROUPS_PATH)
+    bad_yaml = tmp_path / "groups.yaml"
+    bad_yaml.write_text("groups: [\n")
+    assert f"{bad_yaml}: not valid YAML" in refused(good, bad_yaml)
+    bad_yaml.write_text("- exp07\n")
+    assert "expected a mapping of keys (groups file) at the top level" in refused(good, bad_yaml)
+    assert "groups file not found" in refused(good, tmp_path / "nope.yaml")
+    assert not out.parent.exists()

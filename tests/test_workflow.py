@@ -75,16 +75,16 @@ def parse_error(workdir: Path, config: dict | None = None) -> str:
 # ----------------------------------------------------------------------------------------------- the plan
 
 
-def test_dry_run_of_all_plans_67_trainings_on_10_datasets(workdir):
+def test_dry_run_of_all_plans_67_trainings_and_the_reference_on_10_datasets(workdir):
     jobs = planned_jobs(workdir)
     distinct_runs = len({exp.hash for exp in plan_study("smoke")})
     assert distinct_runs < 67  # every group's baseline is one run, trained and evaluated once
     assert jobs == {
         "build_dataset": 10,
         "stage_dataset": 10,
-        "train": 67,
+        "train": 68,
         "evaluate": distinct_runs,
-        "run_metrics": 67,
+        "run_metrics": 68,
         "aggregate": 1,
         "plot_group": 14,
     }
@@ -103,7 +103,7 @@ def test_one_experiment_by_output_path_or_config_and_one_group(workdir):
         "aggregate": 1,
         "plot_group": 1,
     }
-    assert planned_jobs(workdir, {"groups": ["exp04a"]})["train"] == 6
+    assert planned_jobs(workdir, {"groups": ["exp04a"]})["train"] == 6 + 1  # and the reference
     assert planned_jobs(workdir, {"groups": ["exp04a"]})["build_dataset"] == 6
 
 
@@ -129,12 +129,13 @@ def test_dry_run_prints_estimated_training_and_evaluation_hours_per_job(workdir)
     )
     output = result.stdout + result.stderr
     training, evaluation = estimates(output, "training"), estimates(output, "evaluation")
-    assert sorted(training) == sorted(evaluation) == [f"exp06_{x}" for x in "abcdef"]
+    assert sorted(training) == sorted(evaluation) == [*(f"exp06_{x}" for x in "abcdef"), "ref_paper"]
     # Same epochs and data: the same examples and FLOPs whatever the batch (each job gets its own figure).
-    assert max(training.values()) == pytest.approx(min(training.values()), rel=0.3)
+    exp06 = {exp: hours for exp, hours in training.items() if exp.startswith("exp06")}
+    assert max(exp06.values()) == pytest.approx(min(exp06.values()), rel=0.3)
     # Evaluation computes whole batches: the 16 smoke test puzzles cost 12x more in a batch of 192 than of 16.
     assert evaluation["exp06_f"] > 5 * evaluation["exp06_a"]
-    assert "6 experiments in 1 groups" in output and "6 distinct runs" in output
+    assert "6 experiments in 1 groups and 1 reference" in output and "7 distinct runs" in output
     assert "x 32 steps at the end" in output  # one pass to the largest test_time_steps count
     study = {line.split(":")[0].strip(): line for line in output.splitlines() if line.startswith("  ")}
     for part, per_job in (("training", training), ("evaluation", evaluation)):
@@ -174,7 +175,7 @@ def test_bad_workflow_settings_are_rejected(workdir):
     message = parse_error(workdir, {"launch": {"hosts": "two"}})
     assert "two" in message and "integer" in message
     message = parse_error(workdir, {"test_time_steps": {"smoke": [16, 0]}})
-    assert "test_time_steps" in message and "minimum" in message
+    assert "test_time_steps.smoke[1]" in message and "expected at least 1" in message
     # Ids reach file paths and shell commands.
     message = parse_error(workdir, {"experiments": ["exp01a; rm -rf /"]})
     assert "exp01a; rm -rf /" in message and "^[a-z0-9_]+$" in message
@@ -241,7 +242,7 @@ def test_each_run_config_is_resolved_once_into_the_file_its_job_trains(workdir):
 def test_estimate_matches_the_spec_flops_of_a_paper_baseline_run():
     baseline = next(e.config for e in plan_study("paper", ["exp01c"]))
     costs = model_costs(baseline)
-    assert training_flops(baseline, costs) == pytest.approx(2.136e18, rel=0.01)  # spec trm.md §13.3, MLP-T
+    assert training_flops(baseline, costs) == pytest.approx(2.136e18, rel=0.01)  # the paper's MLP-T training
     # The evaluations as the trainer runs them: 9 intermediate ones on eval_subset = 8192 puzzles (2 batches of
     # 6144 rows) to eval_steps = 16, and one pass over the whole test split (69 batches) to 128 steps.
     passes = evaluation_passes(baseline, 423_168, (16, 32, 64, 128))
@@ -300,23 +301,30 @@ def test_collect_run_refuses_an_unfinished_run_or_one_missing_a_test_time_count(
 def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_nothing(
     workdir, tmp_path_factory, capsys
 ):
-    config = ["--config", "experiments=[exp01a,exp04a_100]"]
+    config = ["--config", "experiments=[exp01a,exp04a_100,ref_paper]"]
     run = subprocess.run(
         [SNAKEMAKE, "--cores", "2", *config], cwd=workdir, capture_output=True, text=True, timeout=900
     )
     assert run.returncode == 0, run.stderr[-4000:]
     results = workdir / "results/smoke"
     table = pd.read_csv(results / "table.csv")
-    assert list(table["id"]) == ["exp01a", "exp04a_100"]
+    assert list(table["id"]) == ["exp01a", "exp04a_100", "ref_paper"]
     assert table.loc[0, "varied"] == "hidden_size=8, num_heads=4"
+    # The paper-recipe reference: its own row, in no group, drawn and labelled in every group's plots.
+    assert (table.loc[2, "group"], table.loc[2, "varied"]) == ("reference", "paper recipe (batch 768)")
+    assert (
+        table.loc[2, "train.global_batch_size"] * 8 == table.loc[0, "train.global_batch_size"]
+    )  # 768 vs 6144
     assert table.loc[1, "data.train_puzzles"] == 2
     assert (table["parameter_count"] > 0).all() and (table["wall_time_s"] > 0).all()
     assert table["test_exact_accuracy"].between(0, 1).all()
-    assert pd.read_parquet(results / "table.parquet")["id"].tolist() == ["exp01a", "exp04a_100"]
+    assert pd.read_parquet(results / "table.parquet")["id"].tolist() == ["exp01a", "exp04a_100", "ref_paper"]
+    assert sorted(p.name for p in (results / "plots").glob("*.png")) == ["exp01.png", "exp04a.png"]
     for group in ("exp01", "exp04a"):
         assert (results / f"plots/{group}.png").stat().st_size > 1000
         svg = (results / f"plots/{group}.svg").read_text()
         assert "<svg" in svg and "accuracy vs test-time supervision steps" in svg
+        assert "paper recipe (batch 768) (ref_paper)" in svg
     # Test-time scaling: each run scored at the smoke test_time_steps by its training job, as the last phase.
     test_time = pd.read_csv(results / "table-test-time.csv")
     assert list(zip(test_time["id"], test_time["steps"], strict=True)) == [
@@ -324,8 +332,10 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
         ("exp01a", 32),
         ("exp04a_100", 16),
         ("exp04a_100", 32),
+        ("ref_paper", 16),
+        ("ref_paper", 32),
     ]
-    assert list(test_time["baseline"]) == [False, False, False, False]
+    assert not test_time["baseline"].any()
     assert test_time["exact_accuracy"].between(0, 1).all() and test_time["accuracy"].between(0, 1).all()
     evaluation = json.loads((results / "eval/exp01a-steps.json").read_text())
     assert evaluation["results"][0]["count"] == 16 and evaluation["weights"] in ("ema", "params")

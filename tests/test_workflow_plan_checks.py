@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from trm.errors import UserError
 from trm.study.plan import check_batches, plan_study
 
@@ -86,3 +88,71 @@ def test_bad_storage_names_where_it_was_set(workdir):
     )
     code, output = dry_run(workdir, "--config", "storage=s3://bucket/study")
     assert code != 0 and "--config: unsupported storage 's3://bucket/study'" in output
+
+
+def test_nested_settings_from_the_command_line_are_typed_and_errors_are_one_line(workdir):
+    # Snakemake reads the values of a --config mapping as strings; the workflow converts them to the schema's types.
+    code, output = dry_run(
+        workdir, "--config", "launch={hosts: 2, devices_per_host: 2}", "experiments=exp01a,exp01b"
+    )
+    assert code == 0, output[-3000:]
+    assert "2 experiments" in output and "h of jobs on 4 devices each" in output
+
+    for setting, message in [
+        ("launch={hosts: two}", "--config: setting 'launch.hosts' = 'two' is not valid: expected an integer"),
+        (
+            "launch={backend: tpu}",
+            "setting 'launch.backend' = 'tpu' is not valid: expected one of local, tpu-vm",
+        ),
+        ("experiments=[Exp01]", "setting 'experiments[0]' = 'Exp01' is not valid: expected a name matching"),
+        (
+            "launch={tpu: {poll_seconds: 0}}",
+            "'launch.tpu.poll_seconds' = 0 is not valid: expected more than 0",
+        ),
+    ]:
+        code, output = dry_run(workdir, "--config", setting)
+        assert code != 0 and message in output, (setting, output[-2000:])
+        assert "Failed validating" not in output and "Traceback" not in output  # no schema dump, no traceback
+
+
+def test_an_experiment_file_no_group_lists_stops_only_its_own_run(workdir):
+    (workdir / "config/experiments/exp99_new.yaml").write_text("{}\n")
+    code, output = dry_run(workdir, "--config", "experiments=[exp01a]")
+    assert code == 0, output[-3000:]
+    assert "config/experiments/exp99_new.yaml belongs to no group of config/groups.yaml" in output
+    code, output = dry_run(workdir, "--config", "experiments=[exp99_new]")
+    assert code != 0 and "add it to a group's members there to run it" in output
+
+
+def test_commands_read_the_config_of_the_checkout_they_run_in(workdir, tmp_path):
+    """Two checkouts sharing one environment: each reads its own config/ (the workdir is a second checkout)."""
+    base = workdir / "config/base.yaml"
+    base.write_text(base.read_text().replace("hidden_size: 512", "hidden_size: 640", 1))
+    trm = [str(Path(sys.executable).with_name("trm")), "config", "exp01c"]
+    here = subprocess.run(trm, cwd=workdir / "config", capture_output=True, text=True, timeout=60)
+    assert here.returncode == 0 and '"hidden_size": 640' in here.stdout, here.stderr
+    assert f"reading config/ and docs/ of {workdir.resolve()}" in here.stderr  # says which checkout
+    elsewhere = subprocess.run(trm, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert elsewhere.returncode == 0 and '"hidden_size": 512' in elsewhere.stdout  # the installed checkout's
+    assert "note:" not in elsewhere.stderr
+
+
+def test_an_experiment_can_run_on_its_own_accelerator_and_pool(workdir):
+    """profiles/tpu-v4-64 runs the paper-recipe reference (batch 768) on a v4-8: its own shape, pool and hours."""
+    code, output = dry_run(workdir, *PROFILE, "-p", "--config", BUCKET, "experiments=[exp01c,ref_paper]")
+    assert code == 0, output[-3000:]
+    jobs = {line.split("train ")[1].split(":")[0]: line for line in output.splitlines() if ": train " in line}
+    assert "on the job's 4 devices" in jobs["ref_paper"] and "on the job's 32 devices" in jobs["exp01c"]
+    hours = {exp: float(line.split("estimated ")[1].split()[0]) for exp, line in jobs.items()}
+    assert hours["ref_paper"] == pytest.approx(hours["exp01c"], rel=0.01)  # same FLOPs, 8x the wall time
+    launches = [line for line in output.splitlines() if " launch --backend tpu-vm" in line]
+    small = [line for line in launches if "--tpu-slices trm-v4-8" in line]
+    assert len(launches) == 2 and len(small) == 1
+    assert "--hosts 1 --devices-per-host 4" in small[0] and "--tpu-accelerator-type v4-8" in small[0]
+    assert "--hosts 8 --devices-per-host 4" in next(line for line in launches if line not in small)
+
+    five = "launch={per_experiment: {ref_paper: {devices_per_host: 5}}}"
+    code, output = dry_run(workdir, *PROFILE, "--config", BUCKET, "experiments=[ref_paper]", five)
+    assert code != 0 and "train.global_batch_size=768 must be divisible" in output and "5 devices" in output
+    code, output = dry_run(workdir, "--config", "launch={per_experiment: {ref_papr: {hosts: 2}}}")
+    assert code != 0 and "launch.per_experiment: no experiment ref_papr" in output

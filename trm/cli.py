@@ -10,6 +10,7 @@ import argparse
 import importlib
 import sys
 
+from trm.checkout import foreign_checkout_note
 from trm.errors import UserError
 
 # name -> (module, one-line help), in pipeline order. The module's docstring is the subcommand's long description.
@@ -75,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    note = foreign_checkout_note()
+    if note:
+        print(f"trm {args.command}: {note}", file=sys.stderr)
     try:
         return int(args._main(args) or 0)
     except UserError as err:

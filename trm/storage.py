@@ -6,7 +6,7 @@ On a TPU pod there is no shared filesystem: anything every host must see lives o
 Emulator: when STORAGE_EMULATOR_HOST is set (read at each call), `gs://` goes to that endpoint with anonymous
 credentials; otherwise gcsfs uses Application Default Credentials, and their absence is an error (never
 anonymous access). Set GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false
-before gcsfs is first imported when using an emulator (see platform.md §4.4).
+before gcsfs is first imported when using an emulator.
 
 Every URL is checked by `check_url`, which the workflow also runs on its settings at parse time. GCS requests
 have timeouts and a short, bounded retry (trm/gcs.py); GCS unreachable or refusing our credentials is a

@@ -1,13 +1,13 @@
-"""Gather every run of the study into one table (CSV and Parquet), the evaluation curves and test-time scaling (CSV).
+r"""Gather every run of the study into one table (CSV and Parquet), the evaluation curves and test-time scaling (CSV).
 
-    trm aggregate --results results/smoke --groups config/groups.yaml --devices 1 \
-        --peak-flops 5e10 --utilization 0.1 --test-puzzles 32 --output results/smoke/table exp01a exp01b ...
+    trm aggregate --results results/smoke --groups config/groups.yaml \
+        --peak-flops 5e10 --utilization 0.1 --test-puzzles 32 --output results/smoke/table exp01a exp01b
 
 Reads, per experiment id, RESULTS/runs/<id>/config.json (the resolved config), RESULTS/eval/<id>.json
 (`trm run-metrics`) and RESULTS/benchmarks/train/<id>.tsv (Snakemake's benchmark of the training job: wall
 time). Writes OUTPUT.csv, OUTPUT.parquet (one row per run), OUTPUT-curves.csv (test exact accuracy per
 evaluation during training) and OUTPUT-test-time.csv (test accuracy per number of supervision steps at test time,
-one row per run and step count). Accelerator-hours are measured wall hours x devices (experiments with equal configs share one
+one row per run and step count). Accelerator-hours are measured wall hours x the devices the run trained on (experiments with equal configs share one
 run and report the wall time of the job that trained it); the estimate column uses the FLOPs model of
 trm.study.estimate at the given peak FLOP/s and utilization.
 """
@@ -23,8 +23,8 @@ import pandas as pd
 from trm.analysis.run_metrics import TEST_TIME_FIELDS
 from trm.errors import UserError
 from trm.run import layout
-from trm.study.estimate import accelerator_hours, model_costs, run_flops
-from trm.study.groups import load_groups
+from trm.study.estimate import accelerator_hours, evaluation_flops, model_costs, training_flops
+from trm.study.groups import REFERENCE_GROUP, load_groups, load_references
 
 METRIC_COLUMNS = (
     "test_exact_accuracy",
@@ -70,16 +70,20 @@ def aggregate(
     ids: list[str],
     results: Path,
     groups_path: Path,
-    devices: int,
     peak_flops: float,
     utilization: float,
     test_puzzles: int,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(runs, curves, test_time): one row per run with its config's varied keys, costs and metrics; one row per
     evaluation during training; one row per run and test-time step count."""
-    groups = {
-        m: g for g in load_groups(groups_path, groups_path.parent / "experiments") for m in g["members"]
-    }
+    experiments_dir = groups_path.parent / "experiments"
+    groups = {m: g for g in load_groups(groups_path, experiments_dir) for m in g["members"]}
+    labels = {}
+    for ref in load_references(
+        groups_path, experiments_dir
+    ):  # a row of group "reference", its label as varied
+        groups[ref["id"]] = {"id": REFERENCE_GROUP, "varies": [], "baseline": None, "plots": []}
+        labels[ref["id"]] = ref["label"]
     plot_keys = sorted(
         {k for g in groups.values() for k in g["varies"]}
         | {p["x"] for g in groups.values() for p in g["plots"] if "." in p["x"]}
@@ -91,7 +95,9 @@ def aggregate(
         group = groups[exp_id]
         is_baseline = exp_id == group["baseline"]
         costs = model_costs(config)
-        flops = run_flops(config, costs, test_puzzles)
+        # The training job's work: training, then the evaluations (the last one to the test-time counts).
+        evaluated_steps = [result["steps"] for result in metrics["test_time"]]
+        flops = training_flops(config, costs) + evaluation_flops(config, costs, test_puzzles, evaluated_steps)
         wall = _wall_seconds(results / "benchmarks" / "train" / f"{exp_id}.tsv")
         arch = config["arch"]
         rows.append(
@@ -99,7 +105,8 @@ def aggregate(
                 "id": exp_id,
                 "group": group["id"],
                 "baseline": is_baseline,
-                "varied": ", ".join(f"{k.split('.')[-1]}={_get(config, k)}" for k in group["varies"]),
+                "varied": labels.get(exp_id)
+                or ", ".join(f"{k.split('.')[-1]}={_get(config, k)}" for k in group["varies"]),
                 "config_hash": metrics["config_hash"],
                 "parameter_count": costs["parameter_count"],
                 "train_flops_per_example_step": costs["train_flops_per_example_step"],
@@ -107,7 +114,7 @@ def aggregate(
                 "effective_depth": arch["H_cycles"] * (arch["L_cycles"] + 1) * arch["L_layers"],
                 **{m: metrics[m] for m in METRIC_COLUMNS},
                 "wall_time_s": wall,
-                "accelerator_hours": wall * devices / 3600.0,
+                "accelerator_hours": wall * metrics["devices"] / 3600.0,
                 "estimated_accelerator_hours": accelerator_hours(flops, peak_flops, utilization),
                 **{key: _get(config, key) for key in plot_keys},
             }
@@ -128,11 +135,27 @@ def aggregate(
     )
 
 
+def read_table(path: str | Path, columns: tuple[str, ...] = ("id", "group")) -> pd.DataFrame:
+    """Read a CSV that `trm aggregate` wrote; a missing, malformed or foreign file is a UserError naming it."""
+    try:
+        table = pd.read_csv(path)
+    except FileNotFoundError:
+        raise UserError(
+            f"{path}: missing; `trm aggregate` writes it (in the workflow: `snakemake --cores 2 aggregate`)"
+        ) from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+        reason = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        raise UserError(f"{path}: not a readable CSV table ({reason})") from None
+    missing = [column for column in columns if column not in table.columns]
+    if missing:
+        raise UserError(f"{path}: no column {', '.join(missing)}: not a table written by `trm aggregate`")
+    return table
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("ids", nargs="+", help="experiment ids, in table order")
     parser.add_argument("--results", required=True, type=Path, help="results folder of one scale")
     parser.add_argument("--groups", required=True, type=Path, help="config/groups.yaml")
-    parser.add_argument("--devices", type=int, default=1, help="devices per run (hosts x devices per host)")
     parser.add_argument("--peak-flops", type=float, required=True, help="peak FLOP/s of one device")
     parser.add_argument(
         "--utilization", type=float, required=True, help="fraction of peak assumed in estimates"
@@ -152,7 +175,6 @@ def main(args: argparse.Namespace) -> int:
         args.ids,
         args.results,
         args.groups,
-        args.devices,
         args.peak_flops,
         args.utilization,
         args.test_puzzles,

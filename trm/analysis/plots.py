@@ -21,8 +21,9 @@ matplotlib.use("Agg")  # files only; no display on servers and TPU hosts
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from trm.analysis.aggregate import read_table  # noqa: E402
 from trm.errors import UserError  # noqa: E402
-from trm.study.groups import load_groups  # noqa: E402
+from trm.study.groups import REFERENCE_GROUP, load_groups  # noqa: E402
 
 # Axis labels with units, for metrics and the config keys the groups plot against.
 LABELS = {
@@ -61,12 +62,25 @@ def _pareto_front(points: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
     return pd.DataFrame(front).sort_values(x)
 
 
-def _panel(ax, plot: dict, group: dict, runs: pd.DataFrame, curves: pd.DataFrame) -> None:
+def _references(ax, refs: pd.DataFrame, y: str, lines: pd.DataFrame | None = None, x: str = "") -> None:
+    """Each reference run (groups.yaml `references`) as a dashed grey line labelled with its label: its own
+    curve over `x` when `lines` holds one, else a horizontal line at its value of `y`."""
+    for _, ref in refs.iterrows():
+        text = f"{ref['varied']} ({ref['id']})"
+        line = None if lines is None else lines[lines["id"] == ref["id"]].sort_values(x)
+        if line is not None and not line.empty:
+            ax.plot(line[x], line[y], linestyle="--", color="tab:gray", label=text)
+        elif line is None and y in ref and pd.notna(ref[y]):
+            ax.axhline(ref[y], linestyle="--", color="tab:gray", label=text)
+
+
+def _panel(ax, plot: dict, group: dict, runs: pd.DataFrame, curves: pd.DataFrame, refs: pd.DataFrame) -> None:
     x, y = plot["x"], plot["y"]
     ax.set_ylabel(label(y))
     ax.grid(alpha=0.3)
     if plot["kind"] == "curve":
         ax.set_xlabel(label("epoch"))
+        _references(ax, refs, y, curves, "epoch")
         _line_per_member(ax, group, curves, "epoch", y, star_baseline=False)
         return
     ax.set_xlabel(label(x))
@@ -98,11 +112,12 @@ def _panel(ax, plot: dict, group: dict, runs: pd.DataFrame, curves: pd.DataFrame
     base = measured[measured["baseline"].astype(bool)]
     if not base.empty:
         ax.scatter(base[x], base[y], marker="*", s=250, color="tab:red", zorder=3, label="baseline")
+    _references(ax, refs, y)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize="small")
 
 
-def _test_time_panel(ax, group: dict, test_time: pd.DataFrame) -> None:
+def _test_time_panel(ax, group: dict, test_time: pd.DataFrame, refs: pd.DataFrame) -> None:
     """Test exact accuracy after each evaluated number of supervision steps, one line per member."""
     ax.set_title("accuracy vs test-time supervision steps", fontsize="medium")
     ax.set_xlabel(label("test_time_steps"))
@@ -112,6 +127,7 @@ def _test_time_panel(ax, group: dict, test_time: pd.DataFrame) -> None:
     steps = sorted(test_time["steps"].unique())
     ax.set_xticks(steps, [str(k) for k in steps])
     ax.minorticks_off()
+    _references(ax, refs, "exact_accuracy", test_time, "steps")
     _line_per_member(ax, group, test_time, "steps", "exact_accuracy", star_baseline=True)
 
 
@@ -147,17 +163,20 @@ def plot_group(
     if group_id not in groups:
         raise UserError(f"unknown group {group_id!r}: one of {', '.join(groups)}")
     group = groups[group_id]
+    refs = runs[runs["group"] == REFERENCE_GROUP]
     runs = runs[runs["group"] == group_id]
     if runs.empty:
         raise UserError(f"the table has no run of group {group_id}")
+    ref_test_time = test_time[test_time["group"] == REFERENCE_GROUP]
     test_time = test_time[test_time["group"] == group_id]
     if test_time.empty:
         raise UserError(f"the test-time table has no run of group {group_id}")
     plots = group["plots"]
     fig, axes = plt.subplots(1, len(plots) + 1, figsize=(6 * (len(plots) + 1), 4.5), squeeze=False)
     for ax, plot in zip(axes[0], plots, strict=False):
-        _panel(ax, plot, group, runs, curves[curves["group"] == group_id])
-    _test_time_panel(axes[0][-1], group, test_time)
+        in_plot = curves["group"].isin([group_id, REFERENCE_GROUP])
+        _panel(ax, plot, group, runs, curves[in_plot], refs)
+    _test_time_panel(axes[0][-1], group, pd.concat([test_time, ref_test_time]), refs)
     fig.suptitle(f"{group_id}: {group['title']}")
     fig.tight_layout()
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -178,8 +197,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    runs = pd.read_csv(f"{args.table}.csv")
-    curves = pd.read_csv(f"{args.table}-curves.csv")
-    test_time = pd.read_csv(f"{args.table}-test-time.csv")
+    runs = read_table(f"{args.table}.csv")
+    curves = read_table(f"{args.table}-curves.csv")
+    test_time = read_table(f"{args.table}-test-time.csv")
     plot_group(args.group, runs, curves, test_time, args.groups, args.output)
     return 0

@@ -75,6 +75,7 @@ def summarize_run(run_dir: str | Path, test_time_path: str | Path) -> dict:
     train_exact = statistics.fmean(r["exact_accuracy"] for r in last_interval) if last_interval else None
     return {
         "config_hash": final["config_hash"],
+        "devices": final["devices"],  # of the job that trained it (launch.per_experiment may differ)
         "steps": final["steps"],
         "epochs": final["epochs"],
         "test_exact_accuracy": test["exact_accuracy"],

@@ -1,8 +1,8 @@
-"""Judge each group's hypothesis on the results table: every success criterion of config/groups.yaml is
+r"""Judge each group's hypothesis on the results table: every success criterion of config/groups.yaml is
 `supported`, `not supported` or `not enough data`, with the numbers it compared; then a verdict per group.
 
     trm verdicts --table results/paper/table.csv --groups config/groups.yaml --scale paper \
-        --output results/paper/verdicts [GROUP ...]
+        --output results/paper/verdicts
 
 Reads the table of `trm aggregate` (one row per experiment). Judges the given groups, or every group with a run
 in the table. A criterion lacks data when one of the members it needs has no row or the run did not measure the
@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from trm.analysis.aggregate import read_table
 from trm.errors import UserError
 from trm.study.groups import format_number as _fmt
 from trm.study.groups import load_groups
@@ -303,10 +304,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        table = pd.read_csv(args.table)
-    except FileNotFoundError:
-        raise UserError(f"{args.table}: missing (run `trm aggregate` first)") from None
+    table = read_table(args.table, columns=("id",))
     groups = _select(
         load_groups(args.groups, args.groups.parent / "experiments"), table, args.group, args.table
     )

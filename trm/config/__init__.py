@@ -18,6 +18,7 @@ from trm.config.load import (
     experiment_path,
     load_config,
     parse_set,
+    read_mapping,
     resolve_config_arguments,
     validate_config,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "load_config",
     "override_schema",
     "parse_set",
+    "read_mapping",
     "resolve_config_arguments",
     "schema",
     "validate_config",

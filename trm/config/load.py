@@ -21,6 +21,7 @@ from typing import IO, Any
 import yaml
 
 from trm import storage
+from trm.checkout import CHECKOUT
 from trm.config.checks import impossible_values
 from trm.config.schema import (
     check_document,
@@ -33,7 +34,7 @@ from trm.config.schema import (
 )
 from trm.errors import UserError
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
+CONFIG_DIR = CHECKOUT / "config"  # of the current directory's checkout (trm/checkout.py)
 BASE_CONFIG = CONFIG_DIR / "base.yaml"
 EXPERIMENTS_DIR = CONFIG_DIR / "experiments"
 # Experiment ids become file names, run names, GCS paths and shell arguments.
@@ -72,8 +73,9 @@ def _parse_yaml(text: str | IO[str], source: str) -> Any:
         raise UserError(f"{source}: not valid YAML: {err}") from None
 
 
-def _read_document(path: str | Path) -> dict:
-    """Read a YAML (or JSON) mapping from a path or storage URL; an empty document means no overrides."""
+def read_mapping(path: str | Path, what: str = "config file") -> dict:
+    """Read a YAML (or JSON) mapping from a path or storage URL; an empty document is an empty mapping. Errors
+    name the file (`what`: what it is), the line of a YAML error, and what was expected."""
     path = str(path)
     try:
         if "://" in path:  # a resolved config in storage, e.g. a run dir's config.json
@@ -83,13 +85,13 @@ def _read_document(path: str | Path) -> dict:
             with open(path) as stream:  # a stream, so YAML error marks name the file
                 doc = json.load(stream) if path.endswith(".json") else _parse_yaml(stream, path)
     except FileNotFoundError:
-        raise UserError(f"{path}: config file not found") from None
+        raise UserError(f"{path}: {what} not found") from None
     except json.JSONDecodeError as err:
         raise UserError(f"{path}: not valid JSON: {err}") from None
     if doc is None:
         return {}
     if not isinstance(doc, dict):
-        raise UserError(f"{path}: expected a mapping of config keys at the top level, got {got(doc)}")
+        raise UserError(f"{path}: expected a mapping of keys ({what}) at the top level, got {got(doc)}")
     return doc
 
 
@@ -154,7 +156,7 @@ def load_config(
         if path is None:
             raise UserError("no config given: pass an experiment file, or a resolved config with base=None")
         foundation = str(path)
-        config = _read_document(foundation)
+        config = read_mapping(foundation)
         layers = []
     else:
         foundation = str(base)
@@ -163,8 +165,8 @@ def load_config(
                 f"base config {foundation} not found; on a host without the repository, "
                 "load the resolved config written to the run directory instead (base=None)"
             )
-        config = _read_document(foundation)
-        layers = [] if path is None else [(str(path), _read_document(path))]
+        config = read_mapping(foundation)
+        layers = [] if path is None else [(str(path), read_mapping(path))]
     layers += [(f"--set {item}", parse_set(item)) for item in overrides]
 
     partial = partial_schema()

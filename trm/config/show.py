@@ -2,7 +2,7 @@
 
 Examples:
   trm config exp06_f                               # resolved config of an experiment, as canonical JSON
-  trm config exp06_f --set train.epochs=100 --hash # the 12-digit hash that names its run
+  trm config exp06_f --set train.epochs=25000 --hash # the 12-digit hash that names its run
   trm config my_overrides.yaml --output run/config.json
   trm config run/config.json --resolved            # check a resolved config written to a run directory
   trm config --list                                # every experiment id

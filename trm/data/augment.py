@@ -1,4 +1,4 @@
-"""Validity-preserving Sudoku symmetries (spec trm.md §2.3 step 4), drawn and applied as whole arrays.
+"""Validity-preserving Sudoku symmetries (those of the original's dataset builder), drawn and applied as whole arrays.
 
 One augmentation is: a relabelling of the digits 1..9 (0 = blank stays 0), a transpose with probability
 1/2, a row permutation (shuffle the 3 bands, then the 3 rows inside each band) and a column permutation
@@ -29,7 +29,7 @@ _CHUNK_EXAMPLES = 4096
 
 @dataclass
 class Augmentations:
-    """A batch of M augmentations as drawn (spec §2.3 step 4)."""
+    """A batch of M augmentations as drawn."""
 
     digit_map: np.ndarray  # [M, 10] uint8: new digit of each old digit; digit_map[:, 0] == 0 (blank stays)
     transpose: np.ndarray  # [M] bool
@@ -63,7 +63,7 @@ def _band_permutations() -> np.ndarray:
     return np.array(table, dtype=np.int16)
 
 
-# Drawing a uniform index into this table draws a band-and-line permutation as spec §2.3 describes.
+# Drawing a uniform index into this table draws a band-and-line permutation as the original's builder does.
 BAND_PERMUTATIONS = _band_permutations()
 
 

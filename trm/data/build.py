@@ -1,4 +1,4 @@
-"""Build the Sudoku-Extreme dataset: train and test .npy files in the original TRM layout (spec trm.md §2).
+"""Build the Sudoku-Extreme dataset: train and test .npy files in the original TRM layout.
 
 Steps: read and validate the puzzles of --source; keep those with rating >= --min-difficulty (both
 splits); subsample the train split (--subsample-size) and the test split (--test-subsample-size);

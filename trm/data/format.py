@@ -1,4 +1,4 @@
-"""The on-disk dataset format (spec trm.md §2.4): writer, reader and content hash.
+"""The on-disk dataset format: writer, reader and content hash.
 
 A dataset folder holds `identifiers.json` (`["<blank>"]`) and one folder per split (`train`, `test`), each with
 
@@ -152,10 +152,16 @@ def read_metadata(dataset_dir: str | Path, split: str) -> dict:
 def _load_array(path: Path, mmap: bool) -> np.ndarray:
     if not path.is_file():
         raise UserError(f"{path}: missing dataset file")
+    rebuild = "rebuild the dataset with `trm build-dataset`"
+    with open(path, "rb") as stream:
+        if stream.read(6) != b"\x93NUMPY":  # np.load would try to unpickle it
+            raise UserError(f"{path}: not a NumPy .npy file (no .npy header); {rebuild}")
     try:
         array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (ValueError, OSError, EOFError) as err:
-        raise UserError(f"{path}: not a readable .npy array: {err}") from None
+        if "object" in str(err) or "pickle" in str(err):
+            raise UserError(f"{path}: holds Python objects, not integer tokens; {rebuild}") from None
+        raise UserError(f"{path}: not a readable .npy array ({err}); {rebuild}") from None
     if not np.issubdtype(array.dtype, np.integer):
         raise UserError(f"{path}: expected an integer array, found dtype {array.dtype}")
     return array

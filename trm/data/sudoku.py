@@ -71,6 +71,20 @@ def valid_solutions(grids: np.ndarray) -> np.ndarray:
     return ok
 
 
+def _first_repeat(grid: np.ndarray) -> str:
+    """Where a solution grid [81] repeats a digit, in words: the first row, column or box that does."""
+    g = grid.reshape(9, 9)
+    units = [(f"row {r + 1}", g[r, :]) for r in range(9)] + [(f"column {c + 1}", g[:, c]) for c in range(9)]
+    units += [
+        (f"box {b + 1}", g[b // 3 * 3 : b // 3 * 3 + 3, b % 3 * 3 : b % 3 * 3 + 3].ravel()) for b in range(9)
+    ]
+    for name, cells in units:
+        digits, counts = np.unique(cells, return_counts=True)
+        if (counts > 1).any():
+            return f"digit {int(digits[counts > 1][0])} appears {int(counts[counts > 1][0])} times in {name}"
+    return "some row, column or box repeats a digit"
+
+
 def consistent(questions: np.ndarray, answers: np.ndarray) -> np.ndarray:
     """A bool [N]: every given (non-zero) cell of the question equals the answer's cell."""
     return ((questions == 0) | (questions == answers)).all(axis=1)
@@ -134,10 +148,16 @@ def _convert_chunk(path: Path, rows: tuple[list[str], list[str], list[str]], lin
     bad = np.flatnonzero(~valid_solutions(answers))
     if bad.size:
         raise UserError(
-            f"{path}, line {line_numbers[bad[0]]}: answer is not a valid Sudoku solution "
-            "(some row, column or box repeats a digit)"
+            f"{path}, line {line_numbers[bad[0]]}: answer is not a valid Sudoku solution: "
+            f"{_first_repeat(answers[bad[0]])}"
         )
     return Puzzles(questions, answers, _parse_ratings(path, rows[2], line_numbers))
+
+
+def _printable(text: str, limit: int = 80) -> str:
+    """`text` safe to show on a terminal: control and binary characters escaped, long text cut."""
+    shown = text.encode("unicode_escape").decode("ascii") if not text.isprintable() else text
+    return shown if len(shown) <= limit else shown[:limit] + "..."
 
 
 def read_csv(path: str | Path) -> Puzzles:
@@ -159,7 +179,7 @@ def read_csv(path: str | Path) -> Puzzles:
             if missing:
                 raise UserError(
                     f"{path}, line 1: missing column(s) {', '.join(missing)}; "
-                    f"expected the header source,question,answer,rating, found {','.join(header)}"
+                    f"expected the header source,question,answer,rating, found {_printable(','.join(header))}"
                 )
             q_col, a_col = header.index("question"), header.index("answer")
             r_col = header.index("rating") if "rating" in header else None

@@ -94,7 +94,7 @@ def start_script(
     return "\n".join(
         [
             stop_script(grace_s),
-            # Only one process may own a host's TPU: kill leftovers and their lock (platform.md §1.3).
+            # Only one process may own a host's TPU: kill leftovers and their lock.
             "if ls /dev/accel* >/dev/null 2>&1; then sudo lsof -t /dev/accel* | xargs -r sudo kill -9 || true; fi",
             "if [ -e /tmp/libtpu_lockfile ]; then sudo rm -f /tmp/libtpu_lockfile; fi",
             "set -eu",

@@ -1,4 +1,4 @@
-"""Adaptive computation time as a stream (deep supervision, spec trm.md §6).
+"""Adaptive computation time as a stream (deep supervision, as the original's ACT wrapper).
 
 Training: every optimizer step runs ONE supervision step for every row of the batch. A row whose puzzle
 has halted is reset (latents <- H_init/L_init, steps <- 0) and takes its puzzle from the incoming batch; a

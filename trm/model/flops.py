@@ -1,4 +1,4 @@
-"""Analytic parameter count and FLOPs of a TRM configuration (spec trm.md §5.8 and §13).
+"""Analytic parameter count and FLOPs of a TRM configuration.
 
 FLOP conventions (§13): a [m, k] x [k, n] matmul costs 2mkn; elementwise work (norms, activations, RoPE,
 softmax, residuals) and embedding lookups are ignored; backward costs twice the forward of the

@@ -2,7 +2,7 @@
 
 The `arch:` section of the run config (--config over config/base.yaml, then --set overrides such as
 `--set arch.hidden_size=256`) defines the model. Dataset sizes default to Sudoku-Extreme's (vocab 11,
-81 cells, 1 puzzle identifier). FLOPs follow spec trm.md §13: a training step is the forward of all
+81 cells, 1 puzzle identifier). FLOPs follow trm/model/flops.py: a training step is the forward of all
 recursions plus the backward of the last one; an evaluation step is forward only.
 """
 

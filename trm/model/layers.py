@@ -2,7 +2,7 @@
 
 Master weights are float32 and are cast to the activation dtype at use; RMSNorm, RoPE and the attention
 softmax compute in float32. Kernels are stored [in_features, out_features] (the transpose of PyTorch's).
-Module and attribute names follow the original's state_dict (see spec trm.md Appendix A).
+Module and attribute names follow the original's state_dict (the mapping: trm/model/torch_io.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Checkpoints of the original PyTorch TRM: its state_dict <-> our parameter dicts (spec trm.md Appendix A).
+"""Checkpoints of the original PyTorch TRM: its state_dict <-> our parameter dicts.
 
 The mapping is pure NumPy. Only reading and writing the `.pt` file needs PyTorch (the optional `torch`
 extra), imported when one of those two functions runs.

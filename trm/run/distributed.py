@@ -7,7 +7,7 @@ only its own rows of a global batch. On a TPU VM `jax.distributed.initialize()` 
 process count and process id come from flags or TRM_COORDINATOR, TRM_NUM_PROCESSES, TRM_PROCESS_ID.
 
 Timeouts are short on purpose: a dead host must bring the others down within about a heartbeat timeout
-instead of leaving them blocked in a collective (platform.md §4.2).
+instead of leaving them blocked in a collective.
 """
 
 from __future__ import annotations

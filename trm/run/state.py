@@ -160,6 +160,8 @@ def read_run(run_dir: str, now: float | None = None, stale_after_s: float | None
     launch = _read_json(layout.path(run_dir, layout.LAUNCH))
     finished = layout.finished(run_dir)
     state, detail, age = run_state(status, launch, finished, _now() if now is None else now, stale_after_s)
+    if status is None and state == "unknown" and storage.exists(layout.path(run_dir, layout.STATUS)):
+        detail = f"{layout.STATUS} is not a JSON object: half-written by a dying host, or damaged"
     return RunState(run_dir, state, detail, status or {}, launch or {}, age)
 
 

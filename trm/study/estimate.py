@@ -1,7 +1,7 @@
 """Planned cost of a run from its own FLOPs and batch: parameters, training and evaluation FLOPs, accelerator-hours.
 
 Training: `steps x global_batch_size x` the FLOPs of one supervision step of one example (forward of all
-recursions, backward of the last; spec trm.md §13). Evaluation, as the trainer runs it (`evaluation_passes`): at
+recursions, backward of the last; trm/model/flops.py). Evaluation, as the trainer runs it (`evaluation_passes`): at
 the end of every `eval_interval` epochs but the last, `eval_steps` forward supervision steps on each of the first
 `eval_subset` test puzzles; at the end, one pass over the whole test split to the largest of `eval_steps` and the
 test-time step counts (the smaller counts are recorded on the way, trm/train/test_time.py). Every row of a batch

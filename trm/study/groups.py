@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
-from trm.config import CONFIG_DIR, EXPERIMENTS_DIR, experiment_ids, schema
+from trm.config import CONFIG_DIR, EXPERIMENTS_DIR, experiment_ids, read_mapping, schema
 from trm.errors import UserError
 
 GROUPS_PATH = CONFIG_DIR / "groups.yaml"
+# The table's group of the reference experiments (groups.yaml `references`): drawn in every group's plots.
+REFERENCE_GROUP = "reference"
+REFERENCE_FIELDS = ("id", "label")
 GROUP_FIELDS = (
     "id",
     "title",
@@ -180,7 +181,7 @@ def load_groups(path: str | Path = GROUPS_PATH, experiments_dir: str | Path = EX
     """Read and check the group table: fields present, names known, every experiment in exactly one group,
     guides and success criteria well formed."""
     path = Path(path)
-    groups = (yaml.safe_load(path.read_text()) or {}).get("groups")
+    groups = read_mapping(path, "groups file").get("groups")
     if not isinstance(groups, list):
         raise UserError(f"{path}: expected a top-level 'groups' list")
     keys = set(config_keys())
@@ -224,7 +225,31 @@ def load_groups(path: str | Path = GROUPS_PATH, experiments_dir: str | Path = EX
     errors += [
         f"{path}: member {m!r} has no file {m}.yaml in {experiments_dir}" for m in sorted(set(owner) - files)
     ]
-    errors += [f"{path}: experiment {m!r} belongs to no group" for m in sorted(files - set(owner))]
+    # An experiment file no group lists is not an error here: the plan runs only group members and says so.
     if errors:
         raise UserError("\n".join(errors))
     return groups
+
+
+def load_references(
+    path: str | Path = GROUPS_PATH, experiments_dir: str | Path = EXPERIMENTS_DIR
+) -> list[dict]:
+    """The reference experiments of groups.yaml (`references`: id and label): run with the study, in no group,
+    drawn in every group's plots as a labelled line."""
+    path = Path(path)
+    references = read_mapping(path, "groups file").get("references", [])
+    if not isinstance(references, list):
+        raise UserError(f"{path}: references: expected a list of mappings with the fields id, label")
+    files = set(experiment_ids(experiments_dir))
+    members = {m for group in load_groups(path, experiments_dir) for m in group["members"]}
+    for n, ref in enumerate(references):
+        where = f"{path}: references[{n}]"
+        if not isinstance(ref, dict) or sorted(ref) != sorted(REFERENCE_FIELDS):
+            raise UserError(f"{where}: expected exactly the fields {', '.join(REFERENCE_FIELDS)}")
+        if ref["id"] not in files:
+            raise UserError(f"{where}: {ref['id']!r} has no file {ref['id']}.yaml in {experiments_dir}")
+        if ref["id"] in members:
+            raise UserError(
+                f"{where}: {ref['id']!r} is a group member; a reference stands outside the groups"
+            )
+    return references

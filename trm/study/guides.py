@@ -161,8 +161,8 @@ def group_guide(group: dict, experiments_dir: Path) -> str:
         "## Run it",
         "",
         "```",
-        f"snakemake --config groups=[{group['id']}]                  # smoke scale, on this machine",
-        f"snakemake --config groups=[{group['id']}] scale=paper      # the study",
+        f"snakemake --cores 2 --config groups=[{group['id']}]                 # smoke scale, on this machine",
+        f"snakemake --profile tpu-v4-64 --config groups=[{group['id']}]       # the study, on TPU (docs/tpu.md)",
         "```",
     ]
     return "\n".join(lines) + "\n"

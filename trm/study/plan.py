@@ -10,6 +10,7 @@ experiments sharing a dataset (exp04a_1000 and every baseline) share one build.
 from __future__ import annotations
 
 import difflib
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from trm.config import (
     validate_config,
 )
 from trm.errors import UserError
-from trm.study.groups import GROUPS_PATH, load_groups
+from trm.study.groups import GROUPS_PATH, REFERENCE_GROUP, load_groups, load_references
 from trm.study.scale import SMOKE_POOL, at_scale
 
 
@@ -84,6 +85,20 @@ def plan_study(
     """The selected experiments (members of the selected groups, among the selected ids) in group order."""
     table = load_groups(groups_path, experiments_dir)
     group_of = {member: group["id"] for group in table for member in group["members"]}
+    references = [ref["id"] for ref in load_references(groups_path, experiments_dir)]
+    ungrouped = [e for e in experiment_ids(experiments_dir) if e not in group_of and e not in references]
+    if experiments != "all" and any(exp_id in ungrouped for exp_id in experiments):
+        exp_id = next(exp_id for exp_id in experiments if exp_id in ungrouped)
+        raise UserError(
+            f"{source}: experiment {exp_id!r} ({Path(experiments_dir) / exp_id}.yaml) belongs to no group of "
+            f"{groups_path}; add it to a group's members there to run it (each experiment is plotted with its group)"
+        )
+    for exp_id in ungrouped:
+        print(
+            f"note: {Path(experiments_dir) / exp_id}.yaml belongs to no group of {groups_path}, so the study does "
+            "not run it; add it to a group's members there",
+            file=sys.stderr,
+        )
     chosen_groups = _choose(groups, [g["id"] for g in table], "groups", f"{source}: groups")
     chosen_ids = set(
         _choose(experiments, experiment_ids(experiments_dir), "experiments", f"{source}: experiments")
@@ -95,6 +110,9 @@ def plan_study(
         for member in group["members"]
         if member in chosen_ids
     ]
+    # The references run with any selection of groups: every group's plot draws them.
+    selected += [ref for ref in references if ref in chosen_ids]
+    group_of.update(dict.fromkeys(references, REFERENCE_GROUP))
     if not selected:
         raise UserError(
             f"{source}: no experiment is both in experiments={experiments} and in a group of groups={groups}"

@@ -25,7 +25,7 @@ A run's configuration is built in three layers, later layers winning:
 2. `config/experiments/<id>.yaml`: one experiment, holding **only** its overrides of the baseline (`{{}}` for a
    group's baseline member). The id is the file name; ids match `{EXPERIMENT_ID.pattern}` because they become
    result folders, run names and shell arguments.
-3. `--set key.path=value` on the command line, e.g. `--set optim.lr=3e-4 --set train.epochs=100`. Values are
+3. `--set key.path=value` on the command line, e.g. `--set optim.lr=3e-4 --set train.epochs=25000`. Values are
    YAML scalars or lists (`1e-4`, `true`, `null`, `[1, 2]`).
 
 `trm.config.load_config(path, overrides)` merges and validates the layers and returns the resolved config. An
@@ -38,7 +38,7 @@ The resolved config is written to each run directory as canonical JSON (`dump_co
 `load_config(path, base=None)` reads it back without the repository. `config_hash` (sha256 of that JSON, 12 hex
 digits) names runs: the same resolved config always lands in the same place.
 
-From the shell: `trm config exp06_f --set train.epochs=100` prints the resolved config, `--hash` its hash,
+From the shell: `trm config exp06_f --set train.epochs=25000` prints the resolved config, `--hash` its hash,
 `--output FILE` writes it, `--resolved` checks a resolved file, and `trm config --list` lists the experiment ids.
 """
 
@@ -90,10 +90,19 @@ def _workflow_section() -> list[str]:
     lines = [
         "## Workflow settings (`config/config.yaml`)",
         "",
-        "Read by the Snakefile and validated against `workflow/schemas/config.schema.yaml`; override any of them",
-        "with `snakemake --config key=value` (e.g. `--config scale=paper`, `experiments=[exp01a]`,",
-        "`groups=[exp01]`) or in a cluster profile. The defaults are the embedded local choice: the smoke study on",
-        "this machine's CPU. `profiles/default/` holds only Snakemake settings valid everywhere.",
+        "Read by the Snakefile and validated against `workflow/schemas/config.schema.yaml`. The defaults are the",
+        "embedded local choice: the smoke study on this machine's CPU. `profiles/default/` holds only Snakemake",
+        "settings valid everywhere. Override a setting in three ways:",
+        "",
+        "- a top-level one as `--config KEY=VALUE`: `snakemake --cores 2 --config scale=paper`,",
+        "  `experiments=[exp01a]` (or `experiments=exp01a,exp01b`), `groups=[exp01]`;",
+        "- a nested one as a YAML mapping, merged into the defaults: `snakemake -n --config 'launch={hosts: 2}'`,",
+        "  `--config 'launch={tpu: {slices: [a, b]}}'` (Snakemake itself refuses `--config launch.hosts=2`);",
+        "- any number of them in a YAML file of the same shape: `snakemake -n --configfile my-settings.yaml`, or in",
+        "  a cluster profile's study file (`profiles/tpu-v4-64/study.yaml`).",
+        "",
+        "A misspelt key or a value of the wrong type stops the dry run with one line naming the setting and where it",
+        "was set.",
         "",
         "| key | default | meaning |",
         "|---|---|---|",

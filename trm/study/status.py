@@ -217,7 +217,7 @@ def render(root: str, stale_after_s: float, as_json: bool) -> str:
             for name, run in runs
         )
     if not runs:
-        return f"no runs under {root}"
+        return f"no runs under {root} yet" if storage.exists(root) else f"{root} does not exist (yet)"
     counts: dict[str, int] = {}
     for _, run in runs:
         counts[run.state] = counts.get(run.state, 0) + 1
@@ -230,6 +230,11 @@ def main(args: argparse.Namespace) -> int:
     root = storage.check_url(args.storage or _default_storage(), "--storage" if args.storage else "storage")
     if args.stale_after <= 0:
         raise UserError(f"--stale-after {args.stale_after}: must be > 0 seconds")
+    if args.watch is None and not storage.exists(root):  # a typo must not look like an empty study
+        raise UserError(
+            f"{'--storage' if args.storage else 'storage'} {root}: no such folder; the study's runs are under its "
+            "`storage` setting (config/config.yaml, or your profile's study file)"
+        )
     if args.watch is None:
         print(render(root, args.stale_after, args.json))
         return 0

@@ -13,6 +13,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from trm import storage
+from trm.errors import UserError
 
 
 def orbax_path(url: str) -> Any:
@@ -21,11 +22,27 @@ def orbax_path(url: str) -> Any:
     return url if url.startswith("gs://") else path
 
 
+def read_checkpoint(where: str, read: Any) -> Any:
+    """`read()`, with orbax's and tensorstore's errors on a damaged checkpoint (a missing item, a truncated or
+    garbled file) turned into one line naming the checkpoint."""
+    try:
+        return read()
+    except UserError:
+        raise
+    except Exception as err:  # noqa: BLE001 - orbax raises KeyError, ValueError, OSError, tensorstore errors...
+        reason = (str(err).strip().splitlines() or [""])[0][:200]
+        raise UserError(
+            f"{where}: the checkpoint cannot be read ({type(err).__name__}: {reason}); it is damaged or "
+            "incomplete: delete this step's folder to use the previous checkpoint, or retrain"
+        ) from None
+
+
 class Checkpointer:
     """Keeps the last `keep` checkpoints of a run; saves every `every_steps` steps or when forced."""
 
     def __init__(self, directory_url: str, keep: int, every_steps: int) -> None:
         self.every_steps = every_steps
+        self.directory_url = directory_url
         self._manager = ocp.CheckpointManager(
             orbax_path(directory_url),
             options=ocp.CheckpointManagerOptions(
@@ -52,9 +69,9 @@ class Checkpointer:
     def restore(self, step: int, like: Any) -> tuple[Any, dict[str, Any]]:
         """Restore the state at `step` with the structure, shapes, dtypes and shardings of `like`."""
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
-        restored = self._manager.restore(
-            step,
-            args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), record=ocp.args.JsonRestore()),
+        args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract), record=ocp.args.JsonRestore())
+        restored = read_checkpoint(
+            f"{self.directory_url}/{step}", lambda: self._manager.restore(step, args=args)
         )
         return restored.state, dict(restored.record)
 

@@ -1,4 +1,4 @@
-"""Batches for training and evaluation, with the original loader's order (spec trm.md §4), made resumable.
+"""Batches for training and evaluation, with the original loader's order, made resumable.
 
 Training walks "iterations" of `epochs_per_iter` epochs. Iteration `it` shuffles the groups with a Philox generator
 seeded `seed + it` (one permutation per epoch, concatenated), draws one puzzle uniformly inside each group (one

@@ -1,4 +1,4 @@
-"""Exponential moving average of the dense parameters (spec §8.4).
+"""Exponential moving average of the dense parameters.
 
 The shadow starts as a copy of the initial params and after every optimizer step becomes
 rate*shadow + (1-rate)*param. Only the dense params are averaged: the puzzle-embedding table (and the frozen

@@ -3,7 +3,7 @@
     trm export-torch --checkpoint RUN_DIR --out model.pt
 
 Writes the latest checkpoint's model (EMA weights when the run kept an EMA, as the original saves) with the
-original's key names and layouts (spec trm.md Appendix A): Linear weights [out, in], H_init/L_init in the run's
+original's key names and layouts (trm/model/torch_io.py): Linear weights [out, in], H_init/L_init in the run's
 forward dtype (as the original holds them; bfloat16 in its recipes), puzzle_emb.weights float32. Keys get
 --prefix, by default `_orig_mod.model.`, which is what the original trainer writes and its `load_checkpoint`
 reads with torch.compile on (use `model.` with DISABLE_COMPILE).

@@ -3,7 +3,7 @@
     trm import-torch step_65100 --config config/experiments/exp01a.yaml --out runs/imported
 
 CHECKPOINT is a torch.save'd state_dict of the original trainer (keys may carry the `_orig_mod.` and
-`model.` prefixes; layout in spec trm.md Appendix A). --config gives the architecture (and the training
+`model.` prefixes; layout in trm/model/torch_io.py). --config gives the architecture (and the training
 settings for fine-tuning): an experiment YAML over config/base.yaml, or a resolved config.json, plus --set
 overrides. Every key and shape is checked against that architecture; the command refuses, naming the key,
 a missing, unexpected or wrongly shaped tensor. vocab_size and num_puzzle_identifiers are read off the file;

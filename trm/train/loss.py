@@ -1,4 +1,4 @@
-"""TRM loss and metrics for one supervision step (the original's ACTLossHead, spec trm.md §7).
+"""TRM loss and metrics for one supervision step (the original's ACTLossHead).
 
 Deviation: the original computes stablemax in float64; TPUs have no native float64, so we compute it in
 float32. For x < 0 the original's 1e-30 epsilon in 1/(1 - x + eps) is below float32 (and float64)

@@ -1,10 +1,10 @@
-"""Optimisers of the study (spec §8.1-8.3, exp09): AdamATan2 (the baseline), AdamW and Lion for the dense
+"""Optimisers of the study (exp09): AdamATan2 (the baseline), AdamW and Lion for the dense
 parameters, and the sign-SGD of the puzzle-embedding table.
 
 All are optax transformations whose learning rate is a schedule of the 1-based update number, so the first
 update uses lr(1) = base/warmup as in the original (optax's own counters start at 0; we shift by one).
 Weight decay is decoupled and multiplied by the learning rate in all of them: p <- p - lr*wd*p - lr*step,
-the decay using the old p. This is the AdamATan2 rule of spec §8.1 and also what optax.adamw and optax.lion
+the decay using the old p. This is the AdamATan2 rule of the `adam-atan2` package and also what optax.adamw and optax.lion
 do (they chain `add_decayed_weights(wd)` before `scale_by_learning_rate(lr)`); tests/test_optim.py checks it.
 Remaining differences between the three are the step direction itself: AdamW adds eps = 1e-8 to sqrt(v_hat)
 where AdamATan2 uses atan2 with no epsilon; Lion steps by sign(b1*m + (1-b1)*g) and keeps no second moment.
@@ -43,7 +43,7 @@ class AdamAtan2State(NamedTuple):
 def adam_atan2(
     learning_rate: Schedule, b1: float, b2: float, weight_decay: float
 ) -> optax.GradientTransformation:
-    """AdamATan2 exactly as the PyPI `adam-atan2` 0.0.3 kernel TRM ran (spec §8.1), per element at update t:
+    """AdamATan2 exactly as the PyPI `adam-atan2` 0.0.3 kernel TRM ran, per element at update t:
 
         p <- p * (1 - lr_t * wd)
         m <- b1 m + (1 - b1) g;   v <- b2 v + (1 - b2) g^2
@@ -91,7 +91,7 @@ class SignSgdState(NamedTuple):
 def puzzle_emb_sign_sgd(
     learning_rate: Schedule, weight_decay: float
 ) -> optax.GradientTransformationExtraArgs:
-    """Sign-SGD of the puzzle-embedding table (spec §8.2): for each row touched by the batch,
+    """Sign-SGD of the puzzle-embedding table (the original's sign-SGD of sparse embeddings): for each row touched by the batch,
 
         p <- p * (1 - lr_t * wd) - lr_t * sign(sum of the batch's gradients for that row)
 

@@ -1,4 +1,4 @@
-"""Schedules of a training run: learning rate (spec §8.3), recursion-depth curriculum (contrib01) and
+"""Schedules of a training run: learning rate, recursion-depth curriculum (contrib01) and
 halting-exploration anneal (contrib02).
 
 Step convention: `step` is the 1-based index of the optimizer update being made, so the first update uses

@@ -1,7 +1,7 @@
 """The training state and the compiled train step (evaluation: trm/train/evaluator.py).
 
 The state is one pytree of plain arrays (pure dicts, no Flax objects), so orbax saves it as it is and jit
-sees no Python objects. One train step = one supervision step for every row (spec trm.md §6): forward and
+sees no Python objects. One train step = one supervision step for every row: forward and
 backward of the ACT step, the dense optimizer, the puzzle-embedding sign-SGD and the EMA update, fused in
 one jitted function with no host round trip. Recursion depth (H_cycles, L_cycles) is static: the curriculum
 gets one compiled step per distinct value, cached in `TrainStep`.

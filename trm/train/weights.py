@@ -27,7 +27,7 @@ from trm.errors import UserError
 from trm.model.config import ModelConfig
 from trm.model.torch_io import parameter_templates
 from trm.run import layout
-from trm.train.checkpoint import Checkpointer, orbax_path
+from trm.train.checkpoint import Checkpointer, orbax_path, read_checkpoint
 from trm.train.step import Model, init_state
 
 
@@ -86,7 +86,7 @@ def load_weights(run_dir: str, seq_len: int | None = None) -> RunWeights:
     step = manager.latest_step()
     if step is None:
         raise UserError(f"{ckpt_url}: no checkpoint")
-    metadata = manager.item_metadata(step)["state"]
+    metadata = read_checkpoint(f"{ckpt_url}/{step}", lambda: manager.item_metadata(step)["state"])
     saved = getattr(metadata, "tree", metadata)
     if not isinstance(saved, dict) or not {"params", "puzzle_emb", "buffers"} <= set(saved):
         raise UserError(f"{ckpt_url}/{step}: not a checkpoint of a TRM training state")
@@ -110,12 +110,10 @@ def load_weights(run_dir: str, seq_len: int | None = None) -> RunWeights:
     item = {k: jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), saved[k]) for k in wanted}
     # Restore as host NumPy arrays: works whatever devices or topology wrote the checkpoint.
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
-    restored = manager.restore(
-        step,
-        args=ocp.args.Composite(
-            state=ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True)
-        ),
-    ).state
+    restore = ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True)
+    restored = read_checkpoint(
+        f"{ckpt_url}/{step}", lambda: manager.restore(step, args=ocp.args.Composite(state=restore)).state
+    )
     manager.close()
     return RunWeights(
         config=config,

@@ -25,7 +25,7 @@ rule aggregate:
         results=lambda wildcards, output: os.path.dirname(output.csv),
         table=lambda wildcards, output: output.csv.removesuffix(".csv"),
         accelerator=[
-            *("--devices", DEVICES, "--peak-flops", config["accelerator"]["peak_flops"]),
+            *("--peak-flops", config["accelerator"]["peak_flops"]),
             *("--utilization", config["accelerator"]["utilization"]),
             *("--test-puzzles", TEST_PUZZLES[config["scale"]]),
         ],

@@ -10,17 +10,18 @@ import sys
 import yaml
 
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import validate
 
-from trm.config import dump_config
+from trm.config import dump_config, experiment_ids
 from trm.errors import UserError
 from trm.launch import tpu_options
 from trm.run import layout
 from trm.storage import GCS_SCHEMES, check_url, write_text
 from trm.storage import join as url_join
 from trm.study.estimate import CostCache, accelerator_hours, evaluation_flops, evaluation_passes, training_flops
+from trm.study.groups import REFERENCE_GROUP
 from trm.study.plan import check_batches, parse_dataset_name, plan_study
 from trm.study.scale import SMOKE_POOL, TEST_PUZZLES
+from trm.study.settings import check_settings, load_schema
 
 
 def _setting_source(dotted):
@@ -44,21 +45,12 @@ def _setting_source(dotted):
     return "config/config.yaml"
 
 
-def _check_keys(settings, schema, where):
-    """Name a misspelt setting, its file and the allowed ones (the schema validator only says 'was unexpected')."""
-    for key, value in settings.items():
-        allowed = schema["properties"]
-        if key not in allowed:
-            raise WorkflowError(
-                f"{_setting_source(where + key)}: unknown key '{where}{key}'; allowed keys: {', '.join(allowed)}"
-            )
-        if isinstance(value, dict) and "properties" in allowed[key]:
-            _check_keys(value, allowed[key], f"{where}{key}.")
-
-
-with open(workflow.source_path("../schemas/config.schema.yaml")) as _schema_file:
-    _check_keys(config, yaml.safe_load(_schema_file), "")
-validate(config, "../schemas/config.schema.yaml")
+# One readable line for a bad setting (unknown key, wrong type), naming where it was set; nested `--config`
+# values (`--config 'launch={hosts: 2}'`, which Snakemake reads as strings) are converted to the schema's types.
+try:
+    check_settings(config, load_schema(workflow.source_path("../schemas/config.schema.yaml")), _setting_source)
+except UserError as err:
+    raise WorkflowError(str(err)) from None
 
 
 def _check_argument(value, key):
@@ -127,23 +119,44 @@ try:
 except UserError as err:
     raise WorkflowError(str(err)) from None
 
-DEVICES = config["launch"]["hosts"] * config["launch"]["devices_per_host"]
+def job_launch(exp_id):
+    """An experiment's job shape and TPU pool: launch.*, with its launch.per_experiment entry (if any) over it."""
+    own = config["launch"]["per_experiment"].get(exp_id, {})
+    return {
+        "hosts": own.get("hosts", config["launch"]["hosts"]),
+        "devices_per_host": own.get("devices_per_host", config["launch"]["devices_per_host"]),
+        "tpu": {**_TPU, **own.get("tpu", {})},
+    }
+
+
+def job_devices(exp_id):
+    return job_launch(exp_id)["hosts"] * job_launch(exp_id)["devices_per_host"]
+
+
+DEVICES = job_devices(None)  # of every job without its own launch.per_experiment entry
+_unknown = sorted(set(config["launch"]["per_experiment"]) - set(experiment_ids("config/experiments")))
+if _unknown:
+    raise WorkflowError(f"{_setting_source('launch.per_experiment')}: launch.per_experiment: no experiment {', '.join(_unknown)}")
 try:
-    check_batches(
-        list(PLAN.values()),
-        DEVICES,
-        f"{DEVICES} devices: launch.hosts {config['launch']['hosts']} x launch.devices_per_host "
-        f"{config['launch']['devices_per_host']} from {_setting_source('launch.hosts')}, scale {config['scale']}",
-    )
+    for _exp_id in config["launch"]["per_experiment"] if config["launch"]["backend"] == "tpu-vm" else []:
+        tpu_options.check(job_launch(_exp_id)["tpu"])
+    for _devices in sorted({job_devices(exp_id) for exp_id in PLAN}):
+        check_batches(
+            [exp for exp in PLAN.values() if job_devices(exp.id) == _devices],
+            _devices,
+            f"{_devices} devices (launch.hosts x launch.devices_per_host, or the experiment's launch.per_experiment) "
+            f"from {_setting_source('launch.hosts')}, scale {config['scale']}",
+        )
 except UserError as err:
-    raise WorkflowError(str(err)) from None
+    raise WorkflowError(f"{_setting_source('launch')}: {err}") from None
 
 RESULTS = os.path.join(config["results"], config["scale"])
 STORAGE = url_join(config["storage"], config["scale"])
 TABLE = os.path.join(RESULTS, "table")
 TABLE_FILES = [f"{TABLE}.csv", f"{TABLE}.parquet"]
 PLOT_FILES = os.path.join(RESULTS, "plots", "{group}.{ext}")
-SELECTED_GROUPS = list(dict.fromkeys(exp.group for exp in PLAN.values()))
+SELECTED_GROUPS = list(dict.fromkeys(exp.group for exp in PLAN.values() if exp.group != REFERENCE_GROUP))
+REFERENCES = [exp.id for exp in PLAN.values() if exp.group == REFERENCE_GROUP]
 DATASETS = sorted({exp.dataset for exp in PLAN.values()})
 SOFTWARE = "../envs/trm.yaml"  # every rule's conda environment (relative to the rule files)
 TEST_TIME_STEPS = ",".join(map(str, config["test_time_steps"][config["scale"]]))
@@ -193,11 +206,14 @@ _TOTALS = {
     part: sum(ESTIMATED_HOURS[first][part] for first in FIRST_WITH_HASH.values()) for part in ("training", "evaluation")
 }
 print(
-    f"TRM study, scale {config['scale']}: {len(PLAN)} experiments in {len(SELECTED_GROUPS)} groups, "
+    f"TRM study, scale {config['scale']}: {len(PLAN) - len(REFERENCES)} experiments in {len(SELECTED_GROUPS)} groups"
+    f"{f' and {len(REFERENCES)} reference' if REFERENCES else ''}, "
     f"{len(DATASETS)} datasets, {len(FIRST_WITH_HASH)} distinct runs; estimated at "
     f"{config['accelerator']['utilization']:.0%} of peak:\n"
     + "".join(
-        f"  {part + ':':<12}{hours:.4g} {_DEVICE_HOURS} ({hours / DEVICES:.4g} h of jobs on {DEVICES} devices)\n"
+        f"  {part + ':':<12}{hours:.4g} {_DEVICE_HOURS} "
+        f"({sum(ESTIMATED_HOURS[e][part] / job_devices(e) for e in FIRST_WITH_HASH.values()):.4g} h of jobs "
+        + (f"on {DEVICES} devices each)\n" if len({job_devices(e) for e in PLAN}) == 1 else "each on its own devices)\n")
         for part, hours in _TOTALS.items()
     ),
     end="",
@@ -246,12 +262,12 @@ _write_configs()
 
 def train_command(exp):
     """The argv of the one command that trains an experiment; after `--`, `trm train`'s arguments."""
-    launch = config["launch"]
+    launch = job_launch(exp.id)
     train_args = ["--config", config_file(exp.id), "--data", dataset_url(exp.dataset), "--run-dir", run_url(exp.id)]
     train_args += ["--test-time-steps", TEST_TIME_STEPS]
-    launch_args = ["--backend", launch["backend"], "--hosts", launch["hosts"], "--devices-per-host", launch["devices_per_host"]]
-    if launch["backend"] == "tpu-vm":
-        launch_args += tpu_options.flags(_TPU)
+    launch_args = ["--backend", config["launch"]["backend"], "--hosts", launch["hosts"], "--devices-per-host", launch["devices_per_host"]]
+    if config["launch"]["backend"] == "tpu-vm":
+        launch_args += tpu_options.flags(launch["tpu"])
     return [*JAX_CACHE_ENV, TRM, "launch", *map(str, launch_args), "--", *train_args]
 
 
@@ -271,10 +287,11 @@ def estimate_message(wildcards):
     passes = evaluation_passes(PLAN[wildcards.exp].config, TEST_PUZZLES[config["scale"]], config["test_time_steps"][config["scale"]])
     count, rows, steps = passes["intermediate"]
     _, final_rows, final_steps = passes["final"]
+    devices = job_devices(wildcards.exp)
     return (
-        f"train {wildcards.exp}: estimated on the job's {DEVICES} devices\n"
-        f"    training:   {hours['training']:.4g} {_DEVICE_HOURS} ({hours['training'] / DEVICES:.3g} h on them)\n"
-        f"    evaluation: {hours['evaluation']:.4g} {_DEVICE_HOURS} ({hours['evaluation'] / DEVICES:.3g} h on them): "
+        f"train {wildcards.exp}: estimated on the job's {devices} devices\n"
+        f"    training:   {hours['training']:.4g} {_DEVICE_HOURS} ({hours['training'] / devices:.3g} h on them)\n"
+        f"    evaluation: {hours['evaluation']:.4g} {_DEVICE_HOURS} ({hours['evaluation'] / devices:.3g} h on them): "
         f"{count} x {rows} rows x {steps} steps during training, {final_rows} rows x {final_steps} steps at the end "
         f"(every test_time_steps count {TEST_TIME_STEPS} in one pass)"
     )
