@@ -19,9 +19,10 @@ include: "workflow/rules/compile.smk"
 report: "workflow/report/workflow.rst"
 
 
-# Small jobs run on the controller under any executor; datasets, training and evaluation go to the executor.
+# Small jobs run on the controller under any executor; datasets and training (with evaluation) go to the executor.
 localrules:
     all,
+    evaluate,
     run_metrics,
     aggregate,
     verdicts,

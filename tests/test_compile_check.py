@@ -12,7 +12,7 @@ from pathlib import Path
 from trm.config import experiment_path, load_config
 from trm.launch.accelerators import ACCELERATORS, GIB, step_hash
 from trm.launch.compile_check import fit_problem, roofline_seconds
-from trm.study.estimate import compiled_run_hours, compiled_step_seconds, evaluated_puzzles, training_steps
+from trm.study.estimate import compiled_run_hours, compiled_step_seconds, evaluation_passes, training_steps
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -76,9 +76,15 @@ def test_roofline_is_the_slower_of_compute_and_memory_and_plans_a_run_from_it(tm
     seconds = compiled_step_seconds(config, tmp_path)
     assert seconds == {"train": 1.0, "eval": 0.1}
     assert compiled_step_seconds(load_config(experiment_path("exp06_b")), tmp_path) is None  # not compiled
-    hours = compiled_run_hours(config, seconds, 32, 1000)
-    batches = evaluated_puzzles(config, 1000, config["train"]["global_batch_size"])
-    assert hours == (training_steps(config) * 1.0 + batches * config["train"]["eval_steps"] * 0.1) * 32 / 3600
+    hours = compiled_run_hours(config, seconds, 32, 1000, [16, 64])
+    batch = config["train"]["global_batch_size"]
+    passes = evaluation_passes(config, 1000, [16, 64])
+    batch_steps = sum(count * rows // batch * steps for count, rows, steps in passes.values())
+    assert passes["final"] == (1, batch, 64)  # 1000 puzzles: one batch, to the largest count
+    assert hours == {
+        "training": training_steps(config) * 1.0 * 32 / 3600,
+        "evaluation": batch_steps * 0.1 * 32 / 3600,
+    }
 
 
 def test_dry_run_uses_compiled_steps_where_they_exist_and_says_which(workdir, tmp_path):
@@ -110,9 +116,11 @@ def test_dry_run_uses_compiled_steps_where_they_exist_and_says_which(workdir, tm
     }
     assert "compiled steps' roofline" in lines["exp06_a"], lines["exp06_a"]
     assert all("assumed 40% of peak" in lines[f"exp06_{x}"] for x in "bcdef"), lines
-    hours = compiled_run_hours(config, {"train": 1.0, "eval": 0.1}, 32, 423_168)
-    assert f"estimated {hours:.4g} TPU v4 chip-hours" in lines["exp06_a"], lines["exp06_a"]
-    assert "1 runs at their compiled steps' roofline times" in output and "5 at an assumed 40%" in output
+    hours = compiled_run_hours(config, {"train": 1.0, "eval": 0.1}, 32, 423_168, [16, 32, 64, 128])
+    job = output[output.index("train exp06_a:") :]
+    assert f"training:   {hours['training']:.4g} TPU v4 chip-hours" in job.splitlines()[1], job[:500]
+    assert f"evaluation: {hours['evaluation']:.4g} TPU v4 chip-hours" in job.splitlines()[2], job[:500]
+    assert "compiled steps' roofline times for 1 runs" in output and "40% of peak for 6" in output  # and ref_paper
 
 
 def test_without_libtpu_the_command_says_how_to_install_it():

@@ -17,6 +17,7 @@ from trm.cli import main as trm
 from trm.train.evaluate import load_eval_split
 from trm.train.evaluator import Evaluator, evaluate
 from trm.train.step import Model
+from trm.train.test_time import run_test_time_evaluation
 from trm.train.weights import load_weights
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,6 +82,34 @@ def test_multi_count_pass_equals_separate_runs_and_the_trainers_evaluation(train
     for record in multi:
         assert 1 <= record["mean_halt_step"] <= record["steps"]
         assert 0 <= record["halted_fraction"] <= 1
+
+
+def test_a_stopped_final_evaluation_continues_where_it_stopped(trained, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    weights = load_weights(str(run))
+    split = load_eval_split(str(trained["built"]), "test", str(trained["cache"]))
+    evaluator = Evaluator(Model(weights.model_cfg, seed=0), (2,))
+    on_device = evaluator.put_weights(weights.params, weights.puzzle_emb, weights.buffers)
+    summary = {"checkpoint": str(run), "checkpoint_step": weights.step, "weights": weights.source}
+    # The trainer evaluated train.eval_steps = 2; counts 3 and 5 are new. 12 test puzzles: 2 batches of 6.
+    common = {"run_dir": str(run), "counts": (2, 3, 5), "batch_size": 6, "summary": summary, "writer": True}
+    trained_at_2 = json.loads((run / "test_time.json").read_text())["results"]
+    assert [r["steps"] for r in trained_at_2] == [2]
+    stopped = run_test_time_evaluation(
+        evaluator, on_device, split, stop=lambda batches: batches == 1, **common
+    )
+    assert stopped is None
+    assert json.loads((run / "test_time.json").read_text())["results"] == trained_at_2  # nothing half-written
+    evaluated = []
+    resumed = run_test_time_evaluation(
+        evaluator, on_device, split, stop=lambda batches: evaluated.append(batches) or False, **common
+    )
+    assert evaluated == [2]  # only the second batch, and no pass for the count already written
+    # Continued from the saved float64 sums: the figures of an unbroken pass, bit for bit.
+    assert [resumed[3], resumed[5]] == _evaluate(weights, split, (3, 5), batch_size=6)
+    written = json.loads((run / "test_time.json").read_text())
+    assert written["results"] == [trained_at_2[0], resumed[3], resumed[5]] and resumed[2] == trained_at_2[0]
 
 
 def _evaluate_cli(trained, out: Path, data: str, extra: list[str] = ()) -> dict:

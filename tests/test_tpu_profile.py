@@ -15,6 +15,10 @@ from pathlib import Path
 
 import yaml
 from fake_tpu import gcloud_calls, wait_until_exited
+from test_workflow import estimates
+
+from trm import storage
+from trm.run import layout
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -37,9 +41,17 @@ def test_profile_dry_run_needs_no_gcloud_and_shows_tpu_hours(tmp_path):
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     jobs = [line for line in output.splitlines() if ": train exp06" in line]
-    assert len(jobs) == 6 and all("TPU v4 chip-hours" in line and "32 devices" in line for line in jobs)
-    assert "scale paper: 6 experiments" in output and "TPU v4 chip-hours of training" in output
+    assert len(jobs) == 6 and all("32 devices" in line for line in jobs)
+    # Per job, training and evaluation on labelled lines; the evaluation is one pass to 128 steps on the test
+    # split's 423,168 puzzles in whole batches.
+    training, evaluation = estimates(output, "training"), estimates(output, "evaluation")
+    assert len(training) == len(evaluation) == 6 and all(hours > 0 for hours in evaluation.values())
+    assert "x 128 steps at the end" in output and "TPU v4 chip-hours" in output
+    assert "scale paper: 6 experiments" in output
     assert "--backend tpu-vm --hosts 8 --devices-per-host 4" in output
+    # The evaluation runs on the slice, in the training job; the controller only collects its results.
+    assert "--test-time-steps 16,32,64,128" in output and "collect-evaluation" in output
+    assert " evaluate --checkpoint" not in output
 
     placeholder = subprocess.run(
         [SNAKEMAKE, "--profile", "profiles/tpu-v4-64", "-n"],
@@ -56,8 +68,8 @@ def test_profile_dry_run_needs_no_gcloud_and_shows_tpu_hours(tmp_path):
 
 
 def _test_profile(root: Path, tpu_bucket: str, tmp: Path) -> Path:
-    """profiles/tpu-v4-64 with the same keys, on the emulator: a pool of two slices of 2 hosts x 1 device, smoke
-    scale, fast polls."""
+    """profiles/tpu-v4-64 with the same keys, on the emulator: a pool of two slices of 2 hosts x 2 devices (the
+    `cloud` fixture's FAKE_TPU_DEVICES), smoke scale, fast polls."""
     profile = root / "profiles" / "tpu-test"
     shutil.copytree(REPO / "profiles" / "tpu-v4-64", profile)
     settings = yaml.safe_load((profile / "config.yaml").read_text())
@@ -65,7 +77,7 @@ def _test_profile(root: Path, tpu_bucket: str, tmp: Path) -> Path:
     (profile / "config.yaml").write_text(yaml.safe_dump(settings))
     study = yaml.safe_load((profile / "study.yaml").read_text())
     study.update(scale="smoke", storage=f"{tpu_bucket}/study", experiments=["exp01a", "exp04a_100"])
-    study["launch"].update(hosts=2, devices_per_host=1)
+    study["launch"].update(hosts=2, devices_per_host=2)
     study["launch"]["tpu"].update(
         slices=[*SLICES],
         project="trm-test-project",
@@ -79,10 +91,12 @@ def _test_profile(root: Path, tpu_bucket: str, tmp: Path) -> Path:
     return profile
 
 
-def test_profile_runs_two_experiments_on_an_emulated_slice(cloud, tpu_bucket, workdir, tmp_path):
+def test_profile_runs_two_experiments_on_an_emulated_slice(cloud, tpu_bucket, workdir, tmp_path, monkeypatch):
     root = workdir
+    monkeypatch.setenv("FAKE_TPU_DEVICES", "2")
     profile = _test_profile(root, tpu_bucket, tmp_path)
     targets = [f"results/smoke/runs/{exp}/final.json" for exp in ("exp01a", "exp04a_100")]
+    targets.append("results/smoke/eval/exp01a-steps.json")
     started = time.time()
     done = subprocess.run(
         [SNAKEMAKE, "--profile", str(profile), "--cores", "2", *targets],
@@ -94,7 +108,7 @@ def test_profile_runs_two_experiments_on_an_emulated_slice(cloud, tpu_bucket, wo
     print(f"snakemake --profile tpu-test, two experiments: {time.time() - started:.1f} s")
     logs = "".join(p.read_text() for p in (root / "results/smoke/logs/train").glob("*.log"))
     assert done.returncode == 0, done.stderr[-3000:] + logs[-3000:]
-    for target in targets:
+    for target in targets[:2]:
         assert json.loads((root / target).read_text())["test"]
     assert "launch state finished" in logs
     # trm preflight ran once, before any job, and every check passed.
@@ -108,6 +122,39 @@ def test_profile_runs_two_experiments_on_an_emulated_slice(cloud, tpu_bucket, wo
     assert {argv[4] for argv in ssh} == {*SLICES}
     for name in SLICES:
         wait_until_exited(name)
+    _evaluated_on_the_hosts_like_one_process(root, done.stdout + done.stderr, tmp_path)
+
+
+def _evaluated_on_the_hosts_like_one_process(root: Path, output: str, tmp: Path) -> None:
+    """The final evaluation ran on the slice's 2 hosts x 2 devices, in the training job, and its figures equal a
+    one-process `trm evaluate` of the same checkpoint on 4 CPU devices: each device evaluates the same 6 rows of
+    every 24-row batch with the same program, and the statistics are summed in float64 in row order, so they are
+    bit-identical by construction (at any number of supervision steps)."""
+    assert "collect-evaluation" in output and " evaluate --checkpoint" not in output
+    slice_run = json.loads((root / "results/smoke/eval/exp01a-steps.json").read_text())
+    assert slice_run["devices"] == 4 and [r["steps"] for r in slice_run["results"]] == [16, 32]
+    host_log = storage.read_text(layout.host_log(slice_run["checkpoint"], 1))
+    assert "test-time evaluation of step counts 16,32" in host_log
+    final = json.loads((root / "results/smoke/runs/exp01a/final.json").read_text())
+    assert final["processes"] == 2 and final["test"] == slice_run["results"][0]  # one pass gives both
+    out = tmp / "one-process.json"
+    command = [sys.executable, "-m", "trm.cli", "evaluate", "--checkpoint", slice_run["checkpoint"]]
+    command += [
+        "--data",
+        slice_run["data"],
+        "--steps",
+        "16,32",
+        "--cache-dir",
+        str(tmp / "cache"),
+        "--out",
+        str(out),
+    ]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "4"}
+    one = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    one_process = json.loads(out.read_text())
+    assert (one_process["devices"], one_process["batch_size"]) == (4, slice_run["batch_size"])
+    assert one_process["results"] == slice_run["results"]
 
 
 def test_a_failed_preflight_stops_the_study_before_any_job(cloud, tpu_bucket, workdir, tmp_path, monkeypatch):

@@ -260,11 +260,16 @@ def test_exploration_probability_reaches_the_compiled_step(easy_data, tmp_path):
     assert step.compilations == 1  # a new probability is a new input, not a new program
 
 
-def test_bad_config_is_rejected_before_training(easy_data, tmp_path):
+def test_bad_config_is_rejected_before_training(easy_data, tmp_path, capsys):
     run = tmp_path / "bad"
     done = _run(_train_cmd(easy_data, run, tmp_path / "cache", {"arch.hidden_size": 30, "arch.num_heads": 4}))
     assert done.returncode == 2
     assert "arch.hidden_size" in done.stderr
+    assert not run.exists()
+    # The final evaluation's step counts (the workflow's test_time_steps) are checked before anything runs too.
+    command = _train_cmd(easy_data, run, tmp_path / "cache", {})
+    assert trm([*command[3:], "--test-time-steps", "16,x"]) == 2
+    assert "--test-time-steps '16,x': expected comma-separated positive integers" in capsys.readouterr().err
     assert not run.exists()
 
 

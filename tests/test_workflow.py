@@ -24,7 +24,7 @@ from snakemake.settings.types import (
 
 from trm.cli import main as trm_main
 from trm.config import config_hash, dump_config, load_config
-from trm.study.estimate import model_costs, run_flops, training_steps
+from trm.study.estimate import evaluation_flops, evaluation_passes, model_costs, training_flops
 from trm.study.groups import load_groups
 from trm.study.plan import dataset_name, plan_study
 
@@ -107,7 +107,19 @@ def test_one_experiment_by_output_path_or_config_and_one_group(workdir):
     assert planned_jobs(workdir, {"groups": ["exp04a"]})["build_dataset"] == 6
 
 
-def test_dry_run_prints_estimated_accelerator_hours_per_training_job(workdir):
+def estimates(output: str, part: str) -> dict[str, float]:
+    """Per job of a dry run's output: the device-hours on its line labelled `part` (training or evaluation),
+    one of the two lines after the job's "train EXP:" line."""
+    lines = output.splitlines()
+    found = {}
+    for i, line in enumerate(lines):
+        if ": train exp" in line:
+            (labelled,) = [x for x in lines[i + 1 : i + 3] if x.strip().startswith(f"{part}:")]
+            found[line.split("train ")[1].split(":")[0]] = float(labelled.split(":")[1].split()[0])
+    return found
+
+
+def test_dry_run_prints_estimated_training_and_evaluation_hours_per_job(workdir):
     result = subprocess.run(
         [SNAKEMAKE, "-n", "--config", "groups=[exp06]"],
         cwd=workdir,
@@ -116,16 +128,19 @@ def test_dry_run_prints_estimated_accelerator_hours_per_training_job(workdir):
         check=True,
     )
     output = result.stdout + result.stderr
-    estimates = {
-        line.split("train ")[1].split(":")[0]: float(line.split("estimated ")[1].split()[0])
-        for line in output.splitlines()
-        if ": train exp06" in line
-    }
-    assert sorted(estimates) == [f"exp06_{x}" for x in "abcdef"]
+    training, evaluation = estimates(output, "training"), estimates(output, "evaluation")
+    assert sorted(training) == sorted(evaluation) == [*(f"exp06_{x}" for x in "abcdef"), "ref_paper"]
     # Same epochs and data: the same examples and FLOPs whatever the batch (each job gets its own figure).
-    assert max(estimates.values()) == pytest.approx(min(estimates.values()), rel=0.2)
-    assert "6 experiments in 1 groups" in output and "CPU core-hours" in output
+    exp06 = {exp: hours for exp, hours in training.items() if exp.startswith("exp06")}
+    assert max(exp06.values()) == pytest.approx(min(exp06.values()), rel=0.3)
+    # Evaluation computes whole batches: the 16 smoke test puzzles cost 12x more in a batch of 192 than of 16.
+    assert evaluation["exp06_f"] > 5 * evaluation["exp06_a"]
     assert "6 experiments in 1 groups and 1 reference" in output and "7 distinct runs" in output
+    assert "x 32 steps at the end" in output  # one pass to the largest test_time_steps count
+    study = {line.split(":")[0].strip(): line for line in output.splitlines() if line.startswith("  ")}
+    for part, per_job in (("training", training), ("evaluation", evaluation)):
+        assert float(study[part].split(":")[1].split()[0]) == pytest.approx(sum(per_job.values()), rel=1e-3)
+        assert "CPU core-hours" in study[part]
 
 
 # ------------------------------------------------------------------------------------------------ bad input
@@ -227,14 +242,18 @@ def test_each_run_config_is_resolved_once_into_the_file_its_job_trains(workdir):
 def test_estimate_matches_the_spec_flops_of_a_paper_baseline_run():
     baseline = next(e.config for e in plan_study("paper", ["exp01c"]))
     costs = model_costs(baseline)
-    training = (
-        training_steps(baseline)
-        * baseline["train"]["global_batch_size"]
-        * costs["train_flops_per_example_step"]
+    assert training_flops(baseline, costs) == pytest.approx(2.136e18, rel=0.01)  # the paper's MLP-T training
+    # The evaluations as the trainer runs them: 9 intermediate ones on eval_subset = 8192 puzzles (2 batches of
+    # 6144 rows) to eval_steps = 16, and one pass over the whole test split (69 batches) to 128 steps.
+    passes = evaluation_passes(baseline, 423_168, (16, 32, 64, 128))
+    assert passes == {"intermediate": (9, 12_288, 16), "final": (1, 69 * 6144, 128)}
+    forward = costs["eval_flops_per_example_step"]
+    assert (
+        evaluation_flops(baseline, costs, 423_168, (16, 32, 64, 128))
+        == (9 * 12_288 * 16 + 69 * 6144 * 128) * forward
     )
-    assert training == pytest.approx(2.136e18, rel=0.01)  # the paper's MLP-T training FLOPs
-    # Ten evaluations of 16 steps on 423,168 test puzzles add about 81%; ours evaluates 9 on 8192.
-    assert run_flops(baseline, costs, 423_168) > training
+    # The test-time pass is ~5.5e16 x 128 forward steps: about 1.4e18 FLOP (issue #17's figure).
+    assert 69 * 6144 * 128 * forward == pytest.approx(1.4e18, rel=0.1)
 
 
 def _get(config: dict, dotted: str):
@@ -246,21 +265,34 @@ def _get(config: dict, dotted: str):
 # -------------------------------------------------------------------------------------------- collect-run
 
 
-def test_collect_run_refuses_an_unfinished_run(tmp_path, capsys):
+def test_collect_run_refuses_an_unfinished_run_or_one_missing_a_test_time_count(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
     for name in ("config.json", "metrics.jsonl", "final.json"):
         (run / name).write_text("{}\n")
+    evaluation = {"checkpoint_step": 4, "results": [{"steps": 2, "count": 3}, {"steps": 16, "count": 3}]}
+    (run / "test_time.json").write_text(json.dumps(evaluation))
     assert trm_main(["collect-run", str(run), str(tmp_path / "local")]) == 2
     assert "no _SUCCESS" in capsys.readouterr().err
     assert not (tmp_path / "local" / "final.json").exists()
     (run / "_SUCCESS").write_text("")
-    assert trm_main(["collect-run", str(run), str(tmp_path / "local")]) == 0
+    # The workflow asks for its test_time_steps: a run evaluated at other counts is not complete for it.
+    assert trm_main(["collect-run", str(run), str(tmp_path / "local"), "--test-time-steps", "16,32"]) == 2
+    assert "has step counts 2,16, not 32" in capsys.readouterr().err
+    assert not (tmp_path / "local" / "final.json").exists()
+    assert trm_main(["collect-run", str(run), str(tmp_path / "local"), "--test-time-steps", "16"]) == 0
     assert sorted(p.name for p in (tmp_path / "local").iterdir()) == [
         "config.json",
         "final.json",
         "metrics.jsonl",
+        "test_time.json",
     ]
+    out = tmp_path / "eval" / "exp-steps.json"
+    assert (
+        trm_main(["collect-evaluation", str(run / "test_time.json"), "--steps", "16", "--out", str(out)]) == 0
+    )
+    assert json.loads(out.read_text()) == {**evaluation, "results": [{"steps": 16, "count": 3}]}
+    assert out.with_suffix(".csv").read_text() == "steps,count\n16,3\n"
 
 
 # ---------------------------------------------------------------------------------------------- end to end
@@ -293,7 +325,7 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
         svg = (results / f"plots/{group}.svg").read_text()
         assert "<svg" in svg and "accuracy vs test-time supervision steps" in svg
         assert "paper recipe (batch 768) (ref_paper)" in svg
-    # Test-time scaling: each run's last checkpoint scored at the smoke test_time_steps by `trm evaluate`.
+    # Test-time scaling: each run scored at the smoke test_time_steps by its training job, as the last phase.
     test_time = pd.read_csv(results / "table-test-time.csv")
     assert list(zip(test_time["id"], test_time["steps"], strict=True)) == [
         ("exp01a", 16),
@@ -307,9 +339,10 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     assert test_time["exact_accuracy"].between(0, 1).all() and test_time["accuracy"].between(0, 1).all()
     evaluation = json.loads((results / "eval/exp01a-steps.json").read_text())
     assert evaluation["results"][0]["count"] == 16 and evaluation["weights"] in ("ema", "params")
-    # At the training halt limit (16 steps) `trm evaluate` reproduces the trainer's final test evaluation exactly:
-    # the same evaluator (one compiled supervision step) on the same batches of the run's batch size and the same
-    # devices, so equal by construction, not by tolerance.
+    # At the training halt limit (16 steps) the test-time figures are the trainer's final test evaluation: one
+    # pass records both, so they are equal by construction, not by tolerance. The controller ran no evaluation.
+    shell_commands = run.stdout + run.stderr  # printed: profiles/default sets printshellcmds
+    assert "collect-evaluation" in shell_commands and " evaluate --checkpoint" not in shell_commands
     at_halt_limit = test_time[test_time["steps"] == 16].set_index("id")
     for row in table.itertuples():
         assert at_halt_limit.loc[row.id, "exact_accuracy"] == row.test_exact_accuracy

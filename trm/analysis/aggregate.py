@@ -23,7 +23,7 @@ import pandas as pd
 from trm.analysis.run_metrics import TEST_TIME_FIELDS
 from trm.errors import UserError
 from trm.run import layout
-from trm.study.estimate import accelerator_hours, model_costs, run_flops
+from trm.study.estimate import accelerator_hours, evaluation_flops, model_costs, training_flops
 from trm.study.groups import REFERENCE_GROUP, load_groups, load_references
 
 METRIC_COLUMNS = (
@@ -95,7 +95,9 @@ def aggregate(
         group = groups[exp_id]
         is_baseline = exp_id == group["baseline"]
         costs = model_costs(config)
-        flops = run_flops(config, costs, test_puzzles)
+        # The training job's work: training, then the evaluations (the last one to the test-time counts).
+        evaluated_steps = [result["steps"] for result in metrics["test_time"]]
+        flops = training_flops(config, costs) + evaluation_flops(config, costs, test_puzzles, evaluated_steps)
         wall = _wall_seconds(results / "benchmarks" / "train" / f"{exp_id}.tsv")
         arch = config["arch"]
         rows.append(

@@ -8,6 +8,8 @@ A run dir is a local path, file:// or gs:// URL; the study names it by its confi
   logs/host-I.log   the output of host I
   status.json       the trainer's state, progress and heartbeat (trm/run/state.py)
   launch.json       the launcher's state (trm/run/state.py)
+  test_time.json    the final evaluation at every test-time step count (`trm evaluate --out`'s JSON)
+  test_time.progress.json   an unfinished one's sums so far, to continue it (trm/train/test_time.py)
   final.json        the final evaluation and the run's summary
   provenance.json   where imported weights came from (`trm import-torch`)
   _SUCCESS          written last: the run finished
@@ -29,10 +31,12 @@ METRICS = "metrics.jsonl"
 LOGS = "logs"
 STATUS = "status.json"
 LAUNCH = "launch.json"
+TEST_TIME = "test_time.json"
+TEST_TIME_PROGRESS = "test_time.progress.json"
 FINAL = "final.json"
 PROVENANCE = "provenance.json"
 SUCCESS = "_SUCCESS"
-COLLECTED = (CONFIG, METRICS, FINAL)  # final.json last: its presence marks a complete copy
+COLLECTED = (CONFIG, METRICS, TEST_TIME, FINAL)  # final.json last: its presence marks a complete copy
 
 
 def path(run_dir: str, name: str) -> str:

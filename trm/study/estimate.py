@@ -1,8 +1,11 @@
 """Planned cost of a run from its own FLOPs and batch: parameters, training and evaluation FLOPs, accelerator-hours.
 
 Training: `steps x global_batch_size x` the FLOPs of one supervision step of one example (forward of all
-recursions, backward of the last; trm/model/flops.py). Evaluation: after every `eval_interval` epochs,
-`eval_steps` forward supervision steps on each test puzzle (the intermediate ones on `eval_subset` puzzles).
+recursions, backward of the last; trm/model/flops.py). Evaluation, as the trainer runs it (`evaluation_passes`): at
+the end of every `eval_interval` epochs but the last, `eval_steps` forward supervision steps on each of the first
+`eval_subset` test puzzles; at the end, one pass over the whole test split to the largest of `eval_steps` and the
+test-time step counts (the smaller counts are recorded on the way, trm/train/test_time.py). Every row of a batch
+is computed, so the puzzles are rounded up to whole batches.
 Accelerator-hours = FLOPs / (peak FLOP/s per device x utilization) / 3600; the number of devices changes the
 wall time, not the device-hours. Compilation and input pipeline time are not included.
 
@@ -14,8 +17,10 @@ those times: a best case, as a roofline is (docs/tpu.md), where the assumed util
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -40,21 +45,35 @@ def model_costs(config: dict) -> dict:
     }
 
 
-def run_flops(config: dict, costs: dict, test_puzzles: int) -> float:
-    """Training plus evaluation FLOPs of one run."""
-    train = config["train"]
-    training = training_steps(config) * train["global_batch_size"] * costs["train_flops_per_example_step"]
-    evaluated = evaluated_puzzles(config, test_puzzles)
-    return float(training + evaluated * train["eval_steps"] * costs["eval_flops_per_example_step"])
+def training_flops(config: dict, costs: dict) -> float:
+    """FLOPs of a run's training steps."""
+    return float(
+        training_steps(config) * config["train"]["global_batch_size"] * costs["train_flops_per_example_step"]
+    )
 
 
-def evaluated_puzzles(config: dict, test_puzzles: int, batch_size: int = 1) -> int:
-    """Test puzzles evaluated over a run (intermediate evaluations on the subset, the final one on all), or
-    with `batch_size` the batches of that many rows they take (each evaluation's last batch padded)."""
+def evaluation_passes(config: dict, test_puzzles: int, test_time_steps: Sequence[int]) -> dict[str, tuple]:
+    """The trainer's evaluations of a run, each as (evaluations, rows, supervision steps): "intermediate" (on
+    `eval_subset` puzzles) and "final" (the whole test split, one pass to the largest count)."""
     train = config["train"]
-    evaluations = train["epochs"] // train["eval_interval"]
+    batch = train["global_batch_size"]
     subset = test_puzzles if train["eval_subset"] is None else min(train["eval_subset"], test_puzzles)
-    return (evaluations - 1) * -(-subset // batch_size) + -(-test_puzzles // batch_size)
+    return {
+        "intermediate": (
+            train["epochs"] // train["eval_interval"] - 1,
+            math.ceil(subset / batch) * batch,
+            train["eval_steps"],
+        ),
+        "final": (1, math.ceil(test_puzzles / batch) * batch, max(train["eval_steps"], *test_time_steps)),
+    }
+
+
+def evaluation_flops(config: dict, costs: dict, test_puzzles: int, test_time_steps: Sequence[int]) -> float:
+    """FLOPs of a run's evaluations (`evaluation_passes`): forward supervision steps of every row evaluated."""
+    passes = evaluation_passes(config, test_puzzles, test_time_steps).values()
+    return float(
+        sum(count * rows * steps for count, rows, steps in passes) * costs["eval_flops_per_example_step"]
+    )
 
 
 def accelerator_hours(flops: float, peak_flops: float, utilization: float) -> float:
@@ -103,9 +122,13 @@ def compiled_step_seconds(config: dict, compile_dir: str | Path) -> dict | None:
     return {step: roofline_seconds(figures[step], chip) for step in ("train", "eval")}
 
 
-def compiled_run_hours(config: dict, seconds: dict, devices: int, test_puzzles: int) -> float:
-    """Device-hours of a run whose steps take `seconds` (compiled_step_seconds) on each of `devices`."""
-    train = config["train"]
-    batches = evaluated_puzzles(config, test_puzzles, train["global_batch_size"])
-    wall = training_steps(config) * seconds["train"] + batches * train["eval_steps"] * seconds["eval"]
-    return wall * devices / 3600.0
+def compiled_run_hours(
+    config: dict, seconds: dict, devices: int, test_puzzles: int, test_time_steps: Sequence[int]
+) -> dict[str, float]:
+    """Device-hours of a run's training and of its evaluations (`evaluation_passes`, in batches of
+    global_batch_size rows) when its steps take `seconds` (compiled_step_seconds) on each of `devices`."""
+    batch = config["train"]["global_batch_size"]
+    passes = evaluation_passes(config, test_puzzles, test_time_steps).values()
+    evaluation = sum(count * (rows // batch) * steps for count, rows, steps in passes) * seconds["eval"]
+    training = training_steps(config) * seconds["train"]
+    return {"training": training * devices / 3600.0, "evaluation": evaluation * devices / 3600.0}

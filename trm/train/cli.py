@@ -4,18 +4,21 @@
 
 The run dir (a local path, file:// or gs:// URL) receives config.json (the resolved config), metrics.jsonl
 (train and eval records, one JSON object per line), ckpt/ (orbax checkpoints of the whole training state),
-final.json (final evaluation on the full test split, the best evaluation of the run, parameter digests), status.json (state, progress and a
+test_time.json (the final evaluation: the whole test split scored after train.eval_steps and each
+--test-time-steps count, in one pass; see trm/train/test_time.py), final.json (the final evaluation at
+train.eval_steps, the best evaluation of the run, parameter digests), status.json (state, progress and a
 heartbeat, read by `trm status` and the TPU launcher; see trm/run/state.py) and _SUCCESS (written last).
 
 Running the same command again after a kill or preemption continues from the latest checkpoint and ends with
-the same parameters as an uninterrupted run. SIGTERM/SIGINT save a checkpoint and exit with code 42.
+the same parameters as an uninterrupted run; one stopped during the final evaluation continues it after its last
+saved batch. SIGTERM/SIGINT save a checkpoint (or the evaluation's progress) and exit with code 42.
 Exit codes: 0 finished, 2 bad input, 42 stopped early (resumable).
 
 Multi-host (one process per host, see `trm launch` and trm/run/distributed.py): every process runs this
-same command with the same config. Process 0 writes config.json, metrics.jsonl, final.json and _SUCCESS; every
-process verifies it holds the same config and code as the others, trains on its own rows of each global batch,
-writes logs/host-{i}.log and takes part in every checkpoint. SIGTERM to any host (a preemption notice) makes all
-hosts save at one agreed step and exit 42. Any other failure ends the process at once with a non-zero code, and
+same command with the same config. Process 0 writes config.json, metrics.jsonl, test_time.json, final.json and
+_SUCCESS; every process verifies it holds the same config and code as the others, trains and evaluates its own
+rows of each global batch, writes logs/host-{i}.log and takes part in every checkpoint. SIGTERM to any host (a
+preemption notice) makes all hosts save at one agreed step (or evaluation batch) and exit 42. Any other failure ends the process at once with a non-zero code, and
 the other hosts follow within a heartbeat timeout. `--run-dir` may contain `{config_hash}`.
 """
 
@@ -33,6 +36,7 @@ from trm.errors import UserError
 from trm.run import distributed, spec
 from trm.run.state import mark_setup_failed
 from trm.train.hostlog import HostLog
+from trm.train.records import parse_steps
 from trm.train.trainer import Trainer
 
 
@@ -44,6 +48,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="local cache for the dataset copy (default: %(default)s, or $TRM_CACHE_DIR)",
     )
     parser.add_argument("--log-every", type=int, default=50, help="train metrics every N steps (default 50)")
+    parser.add_argument(
+        "--test-time-steps",
+        default="",
+        help="comma-separated supervision step counts at which the final evaluation also scores the whole test "
+        "split, in the same pass as train.eval_steps (test_time.json; the workflow's test_time_steps)",
+    )
     parser.add_argument(
         "--wandb",
         action="store_true",
@@ -68,9 +78,17 @@ def _train(args: argparse.Namespace, host_log: HostLog) -> int:
     run = spec.resolve(args)
     if args.log_every < 1:
         raise UserError(f"--log-every {args.log_every}: must be >= 1")
+    test_time_steps = parse_steps(args.test_time_steps, "--test-time-steps") if args.test_time_steps else ()
     try:
         trainer = Trainer(
-            run.config, run.data, run.run_dir, args.cache_dir, args.log_every, args.wandb, host_log
+            run.config,
+            run.data,
+            run.run_dir,
+            args.cache_dir,
+            args.log_every,
+            args.wandb,
+            host_log,
+            test_time_steps,
         )
     except BaseException as err:
         # A setup failure (no dataset, bad data, storage unreachable) still ends the run with a reason.

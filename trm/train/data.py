@@ -117,16 +117,18 @@ def eval_batches(
     limit: int | None = None,
     process_index: int = 0,
     process_count: int = 1,
+    first_batch: int = 0,
 ) -> Iterator[Batch]:
     """This host's slices of the test split in order, the last global batch padded with ignored rows.
 
-    `limit` evaluates only the first `limit` examples (intermediate evaluations on a subset).
+    `limit` evaluates only the first `limit` examples (intermediate evaluations on a subset); `first_batch`
+    skips the batches before it (a resumed evaluation).
     """
     rows = _host_rows(global_batch_size, process_index, process_count)
     total = len(split.inputs) if limit is None else min(limit, len(split.inputs))
     pad_id = int(split.metadata["pad_id"])
     blank_id = int(split.metadata["blank_identifier_id"])
-    for start in range(0, total, global_batch_size):
+    for start in range(first_batch * global_batch_size, total, global_batch_size):
         ids = np.arange(start, min(start + global_batch_size, total))
         batch = _to_batch(split, ids)
         missing = global_batch_size - len(ids)

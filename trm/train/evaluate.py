@@ -13,14 +13,14 @@
 
 The evaluation is the trainer's own (trm/train/evaluator.py says what each figure means), over every local
 device. Output: a JSON summary (--out FILE.json, or stdout) and a CSV with one row per step count beside it
-(FILE.csv).
+(FILE.csv). The workflow does not run this command: each training job ends by evaluating its run at the
+test-time step counts on its own hosts (`trm train --test-time-steps`, the run dir's test_time.json, the same
+JSON); this one evaluates any checkpoint by hand, in one process.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import math
 import sys
@@ -35,6 +35,7 @@ from trm.data.sudoku import read_csv
 from trm.data.verify import DATASET_CACHE, fetch_dataset
 from trm.errors import UserError
 from trm.train.evaluator import Evaluator, evaluate
+from trm.train.records import parse_steps, results_csv
 from trm.train.step import Model
 from trm.train.weights import RunWeights, load_weights
 
@@ -67,19 +68,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def parse_steps(text: str) -> tuple[int, ...]:
-    """'16,32' -> (16, 32), sorted and deduplicated; UserError on anything but positive integers."""
-    try:
-        counts = {int(part) for part in text.split(",") if part.strip()}
-    except ValueError:
-        raise UserError(
-            f"--steps {text!r}: expected comma-separated positive integers, e.g. 16,32,64"
-        ) from None
-    if not counts or min(counts) < 1:
-        raise UserError(f"--steps {text!r}: expected comma-separated positive integers, e.g. 16,32,64")
-    return tuple(sorted(counts))
-
-
 def load_eval_split(data: str, split: str, cache_dir: str) -> SplitData:
     """The puzzles to evaluate: a Sudoku CSV, a staged dataset (fetched to the cache) or a built dataset folder."""
     if data.endswith((".csv", ".csv.gz")):
@@ -109,14 +97,6 @@ def check_compatible(weights: RunWeights, metadata: dict, data: str) -> None:
                 f"{data}: {field} = {metadata[field]}, but the checkpoint's model has "
                 f"{field} = {getattr(weights.model_cfg, field)}"
             )
-
-
-def results_csv(results: list[dict]) -> str:
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=list(results[0]), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(results)
-    return out.getvalue()
 
 
 def main(args: argparse.Namespace) -> int:

@@ -28,8 +28,9 @@ The host then gathers every row's statistics, so every process sums the same num
 
 from __future__ import annotations
 
+import copy
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +56,12 @@ class Evaluator:
         rows = batch_sharded(self.mesh)
         self._fresh = jax.jit(self._fresh_state, out_shardings=rows)
         self._step = jax.jit(self._one_step, out_shardings=rows)
+
+    def with_counts(self, counts: Sequence[int]) -> Evaluator:
+        """An evaluator reporting `counts` that runs this one's compiled program (nothing in it depends on them)."""
+        other = copy.copy(self)
+        other.counts = tuple(sorted(set(counts)))
+        return other
 
     def put_weights(self, params: dict, puzzle_emb, buffers: dict) -> tuple:
         """The weights replicated over the mesh (arrays already there, like a training state's, stay put)."""
@@ -136,6 +143,51 @@ def _all_rows(array: jax.Array) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(array, tiled=True))
 
 
+class Tally:
+    """The float64 sums of an evaluation so far, per count and statistic, over its first `batches` batches.
+
+    Its record (`to_record`, JSON: a float64 written by Python round-trips exactly) lets a stopped evaluation
+    continue where it stopped and end with exactly the figures of an unbroken one.
+    """
+
+    def __init__(self, counts: Sequence[int], batches: int = 0, count: int = 0, sums=None) -> None:
+        self.counts = tuple(counts)
+        self.batches = batches
+        self.count = count
+        self.sums = np.zeros((len(self.counts), len(EVAL_STATS))) if sums is None else np.asarray(sums)
+
+    def add(self, stats: dict[int, dict], real: np.ndarray) -> None:
+        """One batch's per-row statistics, summed in row order."""
+        self.sums += [
+            [stats[k][name][real].sum(dtype=np.float64) for name in EVAL_STATS] for k in self.counts
+        ]
+        self.count += int(real.sum())
+        self.batches += 1
+
+    def results(self) -> list[dict]:
+        """One record per count: {"steps": k, "count": puzzles, **EVAL_STATS means}."""
+        return [
+            {
+                "steps": k,
+                "count": self.count,
+                **{name: float(v) / max(self.count, 1) for name, v in zip(EVAL_STATS, row, strict=True)},
+            }
+            for k, row in zip(self.counts, self.sums, strict=True)
+        ]
+
+    def to_record(self) -> dict:
+        return {
+            "counts": list(self.counts),
+            "batches": self.batches,
+            "count": self.count,
+            "sums": self.sums.tolist(),
+        }
+
+    @classmethod
+    def from_record(cls, record: dict) -> Tally:
+        return cls(record["counts"], record["batches"], record["count"], record["sums"])
+
+
 def evaluate(
     evaluator: Evaluator,
     weights: tuple,
@@ -143,35 +195,47 @@ def evaluate(
     batch_size: int,
     limit: int | None = None,
     progress: bool = False,
-) -> list[dict]:
-    """One record per count of `evaluator`: {"steps": k, "count": puzzles, **EVAL_STATS means}, over the first
-    `limit` puzzles of `split` (all when None), in global batches of `batch_size` rows (a multiple of the mesh's
-    devices). `weights` come from `evaluator.put_weights`. Every process gets the same records."""
-    sums = np.zeros((len(evaluator.counts), len(EVAL_STATS)))
-    count = 0
-    for stats, real in _progress(evaluator, weights, split, batch_size, limit, progress):
-        sums += [
-            [stats[k][name][real].sum(dtype=np.float64) for name in EVAL_STATS] for k in evaluator.counts
-        ]
-        count += int(real.sum())
-    return [
-        {
-            "steps": k,
-            "count": count,
-            **{name: float(v) / max(count, 1) for name, v in zip(EVAL_STATS, row, strict=True)},
-        }
-        for k, row in zip(evaluator.counts, sums, strict=True)
-    ]
+    tally: Tally | None = None,
+    after_batch: Callable[[Tally], bool] | None = None,
+) -> list[dict] | None:
+    """One record per count of `evaluator` (`Tally.results`), over the first `limit` puzzles of `split` (all when
+    None), in global batches of `batch_size` rows (a multiple of the mesh's devices). `weights` come from
+    `evaluator.put_weights`. Every process gets the same records.
+
+    A `tally` of an earlier, stopped evaluation with the same counts, rows and batch size continues it from its
+    next batch. `after_batch(tally)` runs after every batch, on every process; when it returns True the evaluation
+    stops there and returns None (the tally holds what was done)."""
+    tally = Tally(evaluator.counts) if tally is None else tally
+    if tally.counts != evaluator.counts:
+        raise ValueError(
+            f"a tally of counts {tally.counts} cannot continue an evaluation of {evaluator.counts}"
+        )
+    for stats, real in _progress(evaluator, weights, split, batch_size, limit, progress, tally):
+        tally.add(stats, real)
+        if after_batch is not None and after_batch(tally):
+            return None
+    return tally.results()
 
 
-def _progress(evaluator, weights, split, batch_size, limit, progress) -> Iterator[tuple[dict, np.ndarray]]:
-    """The evaluator's output per batch, with a progress bar on process 0 when asked."""
+def _progress(
+    evaluator, weights, split, batch_size, limit, progress, tally
+) -> Iterator[tuple[dict, np.ndarray]]:
+    """The evaluator's output per batch from the tally's next batch on, with a progress bar on process 0 when
+    asked."""
     from tqdm import tqdm
 
     total = len(split.inputs) if limit is None else min(limit, len(split.inputs))
     shown = progress and jax.process_index() == 0
-    bar = tqdm(total=total, desc="evaluate", unit=" puzzles", disable=not shown or None, file=sys.stderr)
-    for batch in eval_batches(split, batch_size, total, jax.process_index(), jax.process_count()):
+    bar = tqdm(
+        total=total,
+        initial=tally.count,
+        desc="evaluate",
+        unit=" puzzles",
+        disable=not shown or None,
+        file=sys.stderr,
+    )
+    batches = eval_batches(split, batch_size, total, jax.process_index(), jax.process_count(), tally.batches)
+    for batch in batches:
         stats, real = evaluator(weights, batch.as_dict())
         bar.update(int(real.sum()))
         yield stats, real

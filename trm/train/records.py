@@ -5,11 +5,14 @@ JAX-free: the trainer writes these records and the analysis reads them back.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 
 import numpy as np
 
 from trm import storage
+from trm.errors import UserError
 
 # What an evaluation measures of each puzzle after k supervision steps, averaged over the real puzzles
 # (trm/train/evaluator.py says what each means). An eval record holds them with "steps" (k) and "count" (puzzles).
@@ -23,6 +26,28 @@ EVAL_STATS = (
     "lm_loss",
     "q_halt_loss",
 )
+
+
+def parse_steps(text: str, option: str = "--steps") -> tuple[int, ...]:
+    """'16,32' -> (16, 32), sorted and deduplicated; UserError naming `option` on anything but positive
+    integers."""
+    problem = f"{option} {text!r}: expected comma-separated positive integers, e.g. 16,32,64"
+    try:
+        counts = {int(part) for part in text.split(",") if part.strip()}
+    except ValueError:
+        raise UserError(problem) from None
+    if not counts or min(counts) < 1:
+        raise UserError(problem)
+    return tuple(sorted(counts))
+
+
+def results_csv(results: list[dict]) -> str:
+    """An evaluation's results (one record per step count) as CSV, one row per count."""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(results[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(results)
+    return out.getvalue()
 
 
 class MetricsLog:

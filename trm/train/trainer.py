@@ -30,6 +30,7 @@ from trm.train.optim import dense_lr_schedule
 from trm.train.records import MetricsLog, MetricWindow, best_evaluation, halt_step_moments
 from trm.train.schedule import cycles_at, halt_exploration_at
 from trm.train.step import Model, TrainState, TrainStep, check_train_config, init_state
+from trm.train.test_time import run_test_time_evaluation
 
 
 def params_digest(tree: Any) -> str:
@@ -56,8 +57,11 @@ class Trainer:
         log_every: int,
         use_wandb: bool,
         host_log: HostLog | None = None,
+        test_time_steps: tuple[int, ...] = (),
     ) -> None:
         self.config = config
+        self.data_url = data_url
+        self.test_time_steps = test_time_steps
         self.run_dir = run_dir
         self.log_every = log_every
         self.train_cfg = config["train"]
@@ -166,6 +170,11 @@ class Trainer:
         self._install_signal_handlers()
         started = time.time()
         state = self._train(state, start, metrics_log, window)
+        if self._stop_signal is None:
+            # Saved before the final evaluation: a job stopped during it resumes there, not in training.
+            self._save(state, self.total_steps, started, window)
+            self.checkpoints.wait()
+            final = self._final_evaluation(state)
         if self._stop_signal is not None:
             step = int(state.step)
             self._save(state, step, started, window)
@@ -174,20 +183,10 @@ class Trainer:
             self.status.write("preempted", step=step, epoch=self.batches.epoch_at(step))
             print(f"stopped by signal {self._stop_signal} at step {step}; checkpoint saved", file=sys.stderr)
             return EXIT_PREEMPTED
-        final = self._evaluate(state, limit=None)
-        metrics_log.add(
-            {
-                "kind": "eval",
-                "split": "test",
-                "subset": None,
-                "step": self.total_steps,
-                "epoch": self.batches.epoch_at(self.total_steps),
-                **final,
-            }
-        )
+        final_record = {"kind": "eval", "split": "test", "subset": None, "step": self.total_steps}
+        if not any(r.items() >= final_record.items() for r in metrics_log.records):  # not resumed after it
+            metrics_log.add({**final_record, "epoch": self.batches.epoch_at(self.total_steps), **final})
         metrics_log.flush()
-        self._save(state, self.total_steps, started, window)
-        self.checkpoints.wait()
         # Every host's own copy of the parameters, so a test (or a user) can see that all replicas agree.
         host_params = distributed.gather_strings(params_digest(state.params))
         host_ema = distributed.gather_strings(params_digest(state.ema)) if state.ema is not None else None
@@ -307,16 +306,48 @@ class Trainer:
             "halt_exploration_prob": float(exploration),
         }
 
-    def _evaluate(self, state: TrainState, limit: int | None) -> dict:
+    def _evaluate(self, state: TrainState, limit: int) -> dict:
         """The figures after train.eval_steps supervision steps (EMA weights when kept) on the first `limit` test
-        puzzles (all when None), in batches of the training batch: the same evaluation as `trm evaluate`."""
-        weights = self.evaluator.put_weights(
-            eval_params(state.params, state.ema), state.puzzle_emb, state.buffers
-        )
+        puzzles, in batches of the training batch: the same evaluation as `trm evaluate`."""
         (record,) = evaluate(
-            self.evaluator, weights, self.test_split, self.train_cfg["global_batch_size"], limit
+            self.evaluator,
+            self._eval_weights(state),
+            self.test_split,
+            self.train_cfg["global_batch_size"],
+            limit,
         )
         return record
+
+    def _final_evaluation(self, state: TrainState) -> dict | None:
+        """The whole test split at train.eval_steps and every --test-time-steps count in one pass, written to
+        test_time.json (trm/train/test_time.py); the figures at train.eval_steps, or None when stopped."""
+        tc = self.train_cfg
+        self.status.write("running", step=self.total_steps, epoch=self.batches.epoch_at(self.total_steps))
+        results = run_test_time_evaluation(
+            self.evaluator,
+            self._eval_weights(state),
+            self.test_split,
+            run_dir=self.run_dir,
+            counts=(*self.test_time_steps, tc["eval_steps"]),
+            batch_size=tc["global_batch_size"],
+            summary={
+                "checkpoint": self.run_dir,
+                "checkpoint_step": self.total_steps,
+                "weights": "ema" if state.ema is not None else "params",
+                "data": self.data_url,
+                "split": "test",
+                "subset": None,
+            },
+            writer=self.is_writer,
+            stop=lambda batches: self._stop_requested(self.total_steps + batches),
+            heartbeat=lambda: self.status.heartbeat(step=self.total_steps),
+        )
+        return None if results is None else results[tc["eval_steps"]]
+
+    def _eval_weights(self, state: TrainState) -> tuple:
+        return self.evaluator.put_weights(
+            eval_params(state.params, state.ema), state.puzzle_emb, state.buffers
+        )
 
     def _save(self, state: TrainState, step: int, started: float, window: MetricWindow) -> None:
         record = {

@@ -17,7 +17,15 @@ from trm.launch import tpu_options
 from trm.run import layout
 from trm.storage import GCS_SCHEMES, check_url, write_text
 from trm.storage import join as url_join
-from trm.study.estimate import CostCache, accelerator_hours, compiled_run_hours, compiled_step_seconds, run_flops
+from trm.study.estimate import (
+    CostCache,
+    accelerator_hours,
+    compiled_run_hours,
+    compiled_step_seconds,
+    evaluation_flops,
+    evaluation_passes,
+    training_flops,
+)
 from trm.study.groups import REFERENCE_GROUP
 from trm.study.plan import check_batches, parse_dataset_name, plan_study
 from trm.study.scale import SMOKE_POOL, TEST_PUZZLES
@@ -194,35 +202,53 @@ def _compiled_seconds(exp):
 
 
 def _estimates():
-    """Estimated accelerator-hours per experiment, and the experiments whose figures are compiled: from the
-    roofline times of its compiled steps where there are, else from its FLOPs and batch at the assumed
-    utilization (model costs cached by config hash)."""
+    """Estimated accelerator-hours of each experiment's training and of its evaluations, and the experiments whose
+    figures are compiled: from the roofline times of its compiled steps where there are, else from their FLOPs
+    and batch at the assumed utilization (model costs cached by config hash)."""
     cache = CostCache(os.path.join(config["results"], ".cache", "model-costs.json"))
     accel = config["accelerator"]
+    test_puzzles = TEST_PUZZLES[config["scale"]]
+    steps = config["test_time_steps"][config["scale"]]
     hours, compiled = {}, set()
     for exp in PLAN.values():
         if seconds := _compiled_seconds(exp):
-            hours[exp.id] = compiled_run_hours(exp.config, seconds, job_devices(exp.id), TEST_PUZZLES[config["scale"]])
+            hours[exp.id] = compiled_run_hours(exp.config, seconds, job_devices(exp.id), test_puzzles, steps)
             compiled.add(exp.id)
-        else:
-            flops = run_flops(exp.config, cache.costs(exp.hash, exp.config), TEST_PUZZLES[config["scale"]])
-            hours[exp.id] = accelerator_hours(flops, accel["peak_flops"], accel["utilization"])
+            continue
+        costs = cache.costs(exp.hash, exp.config)
+        flops = {
+            "training": training_flops(exp.config, costs),
+            "evaluation": evaluation_flops(exp.config, costs, test_puzzles, steps),
+        }
+        hours[exp.id] = {k: accelerator_hours(v, accel["peak_flops"], accel["utilization"]) for k, v in flops.items()}
     cache.save()
     return hours, compiled
 
 
 ESTIMATED_HOURS, COMPILED = _estimates()
-_TOTAL_HOURS = sum(ESTIMATED_HOURS[first] for first in FIRST_WITH_HASH.values())
+_DEVICE_HOURS = f"{config['accelerator']['name']}-hours"
+_TOTALS = {
+    part: sum(ESTIMATED_HOURS[first][part] for first in FIRST_WITH_HASH.values()) for part in ("training", "evaluation")
+}
 _COMPILED_RUNS = sum(first in COMPILED for first in FIRST_WITH_HASH.values())
+_ASSUMED = f"an assumed {config['accelerator']['utilization']:.0%} of peak"
 print(
     f"TRM study, scale {config['scale']}: {len(PLAN) - len(REFERENCES)} experiments in {len(SELECTED_GROUPS)} groups"
     f"{f' and {len(REFERENCES)} reference' if REFERENCES else ''}, "
-    f"{len(DATASETS)} datasets, {len(FIRST_WITH_HASH)} distinct runs; estimated "
-    f"{_TOTAL_HOURS:.4g} {config['accelerator']['name']}-hours of training and evaluation: "
-    f"{_COMPILED_RUNS} runs at their compiled steps' roofline times (a best case; snakemake compile_check), "
-    f"{len(FIRST_WITH_HASH) - _COMPILED_RUNS} at an assumed {config['accelerator']['utilization']:.0%} of peak "
-    f"({sum(ESTIMATED_HOURS[e] / job_devices(e) for e in FIRST_WITH_HASH.values()):.4g} h of jobs "
-    + (f"on {DEVICES} devices each)" if len({job_devices(e) for e in PLAN}) == 1 else "each on its own devices)"),
+    f"{len(DATASETS)} datasets, {len(FIRST_WITH_HASH)} distinct runs; estimated at "
+    + (
+        f"{_ASSUMED}:\n"
+        if not _COMPILED_RUNS
+        else f"their compiled steps' roofline times for {_COMPILED_RUNS} runs (a best case; snakemake compile_check), "
+        f"at {_ASSUMED} for {len(FIRST_WITH_HASH) - _COMPILED_RUNS}:\n"
+    )
+    + "".join(
+        f"  {part + ':':<12}{hours:.4g} {_DEVICE_HOURS} "
+        f"({sum(ESTIMATED_HOURS[e][part] / job_devices(e) for e in FIRST_WITH_HASH.values()):.4g} h of jobs "
+        + (f"on {DEVICES} devices each)\n" if len({job_devices(e) for e in PLAN}) == 1 else "each on its own devices)\n")
+        for part, hours in _TOTALS.items()
+    ),
+    end="",
     file=sys.stderr,
 )
 
@@ -270,6 +296,7 @@ def train_command(exp):
     """The argv of the one command that trains an experiment; after `--`, `trm train`'s arguments."""
     launch = job_launch(exp.id)
     train_args = ["--config", config_file(exp.id), "--data", dataset_url(exp.dataset), "--run-dir", run_url(exp.id)]
+    train_args += ["--test-time-steps", TEST_TIME_STEPS]
     launch_args = ["--backend", config["launch"]["backend"], "--hosts", launch["hosts"], "--devices-per-host", launch["devices_per_host"]]
     if config["launch"]["backend"] == "tpu-vm":
         launch_args += tpu_options.flags(launch["tpu"])
@@ -283,18 +310,27 @@ def preflight_command():
 
 
 def estimate_message(wildcards):
+    """The job's estimate, training and evaluation on separate labelled lines (evaluation as the trainer runs it:
+    trm/study/estimate.py)."""
     first = first_with_same_run(wildcards.exp)
     if first != wildcards.exp:
         return f"train {wildcards.exp}: same config as {first}, whose run it collects (no training)"
     hours = ESTIMATED_HOURS[wildcards.exp]
+    passes = evaluation_passes(PLAN[wildcards.exp].config, TEST_PUZZLES[config["scale"]], config["test_time_steps"][config["scale"]])
+    count, rows, steps = passes["intermediate"]
+    _, final_rows, final_steps = passes["final"]
+    devices = job_devices(wildcards.exp)
     source = (
         "at its compiled steps' roofline times, a best case"
         if wildcards.exp in COMPILED
         else f"from its FLOPs and batch at an assumed {config['accelerator']['utilization']:.0%} of peak"
     )
     return (
-        f"train {wildcards.exp}: estimated {hours:.4g} {config['accelerator']['name']}-hours "
-        f"({source}; {hours / job_devices(wildcards.exp):.3g} h on the job's {job_devices(wildcards.exp)} devices)"
+        f"train {wildcards.exp}: estimated on the job's {devices} devices, {source}\n"
+        f"    training:   {hours['training']:.4g} {_DEVICE_HOURS} ({hours['training'] / devices:.3g} h on them)\n"
+        f"    evaluation: {hours['evaluation']:.4g} {_DEVICE_HOURS} ({hours['evaluation'] / devices:.3g} h on them): "
+        f"{count} x {rows} rows x {steps} steps during training, {final_rows} rows x {final_steps} steps at the end "
+        f"(every test_time_steps count {TEST_TIME_STEPS} in one pass)"
     )
 
 

@@ -1,7 +1,8 @@
-# Training, one job per experiment, and test-time evaluation, one job per distinct run. Each job trains the resolved
-# config the plan wrote (RESULTS/configs/<hash>.json); the run dir (checkpoints) lives in storage under that hash.
-# The local outputs are small copies made only after the run's _SUCCESS marker, so a failed or preempted job leaves
-# nothing that looks complete, and rerunning it resumes from the latest checkpoint.
+# Training and evaluation, one job per experiment. Each job trains the resolved config the plan wrote
+# (RESULTS/configs/<hash>.json) and, as its last phase on the same hosts, evaluates the whole test split at every
+# test_time_steps count (trm/train/test_time.py); the run dir (checkpoints, evaluation) lives in storage under that
+# hash. The local outputs are small copies made only after the run's _SUCCESS marker, so a failed or preempted job
+# leaves nothing that looks complete, and rerunning it resumes where it stopped (training or evaluation).
 
 
 rule train:
@@ -12,12 +13,14 @@ rule train:
     output:
         config=os.path.join(RESULTS, "runs", "{exp}", layout.CONFIG),
         metrics=os.path.join(RESULTS, "runs", "{exp}", layout.METRICS),
+        test_time=os.path.join(RESULTS, "runs", "{exp}", layout.TEST_TIME),
         final=os.path.join(RESULTS, "runs", "{exp}", layout.FINAL),
     params:
         trm=TRM,
         command=lambda wildcards: train_command(PLAN[wildcards.exp]),
         run_dir=lambda wildcards: run_url(wildcards.exp),
         local=lambda wildcards, output: os.path.dirname(output.final),
+        steps=TEST_TIME_STEPS,
     message:
         "{resources.estimate}"
     resources:
@@ -31,36 +34,32 @@ rule train:
     benchmark:
         os.path.join(RESULTS, "benchmarks", "train", "{exp}.tsv")
     shell:
-        # A finished run (trained by a same-config experiment or an earlier attempt) is only collected.
-        "({params.trm:q} collect-run {params.run_dir:q} {params.local:q} || "
+        # A finished run (trained by a same-config experiment or an earlier attempt) is only collected; one whose
+        # evaluation lacks a count is relaunched, and evaluates only the missing counts.
+        "({params.trm:q} collect-run {params.run_dir:q} {params.local:q} --test-time-steps {params.steps:q} || "
         "({params.command:q} && {params.trm:q} collect-run {params.run_dir:q} {params.local:q})) > {log:q} 2>&1"
 
 
 rule evaluate:
-    # Test-time scaling: the run's latest checkpoint (EMA weights when kept) on the whole test split, scored after
-    # each of test_time_steps supervision steps in one pass, by the trainer's own evaluator and batch (so its figures
-    # at train.eval_steps are the trainer's final ones). Only the first experiment of a shared run evaluates it.
+    # Test-time scaling: the run's test split scored after each of test_time_steps supervision steps, by the
+    # training job's hosts as its last phase (in the pass that also gives the trainer's final figures at
+    # train.eval_steps). This job only writes those results from the collected copy: no JAX on the controller.
+    # Only the first experiment of a shared run writes them.
     input:
-        final=rules.train.output.final,
-        staged=lambda wildcards: os.path.join(RESULTS, "staged", f"{PLAN[wildcards.exp].dataset}.txt"),
+        test_time=rules.train.output.test_time,
     output:
         json=os.path.join(RESULTS, "eval", "{exp}-steps.json"),
         csv=os.path.join(RESULTS, "eval", "{exp}-steps.csv"),
     params:
         trm=TRM,
-        env=JAX_CACHE_ENV,
-        run_dir=lambda wildcards: run_url(wildcards.exp),
-        data=lambda wildcards: dataset_url(PLAN[wildcards.exp].dataset),
         steps=TEST_TIME_STEPS,
     conda:
         SOFTWARE
     log:
         os.path.join(RESULTS, "logs", "evaluate", "{exp}.log"),
-    benchmark:
-        os.path.join(RESULTS, "benchmarks", "evaluate", "{exp}.tsv")
     shell:
-        "{params.env:q} {params.trm:q} evaluate --checkpoint {params.run_dir:q} --data {params.data:q} --split test "
-        "--steps {params.steps:q} --out {output.json:q} > {log:q} 2>&1"
+        "{params.trm:q} collect-evaluation {input.test_time:q} --steps {params.steps:q} --out {output.json:q} "
+        "> {log:q} 2>&1"
 
 
 rule run_metrics:
