@@ -141,10 +141,16 @@ def test_an_experiment_can_run_on_its_own_accelerator_and_pool(workdir):
     """profiles/tpu-v4-64 runs the paper-recipe reference (batch 768) on a v4-8: its own shape, pool and hours."""
     code, output = dry_run(workdir, *PROFILE, "-p", "--config", BUCKET, "experiments=[exp01c,ref_paper]")
     assert code == 0, output[-3000:]
-    jobs = {line.split("train ")[1].split(":")[0]: line for line in output.splitlines() if ": train " in line}
-    assert "on the job's 4 devices" in jobs["ref_paper"] and "on the job's 32 devices" in jobs["exp01c"]
-    hours = {exp: float(line.split("estimated ")[1].split()[0]) for exp, line in jobs.items()}
+    lines = output.splitlines()
+    jobs = {line.split("train ")[1].split(":")[0]: n for n, line in enumerate(lines) if ": train " in line}
+    assert (
+        "on the job's 4 devices" in lines[jobs["ref_paper"]]
+        and "on the job's 32 devices" in lines[jobs["exp01c"]]
+    )
+    hours = {exp: float(lines[n + 1].split("training:")[1].split()[0]) for exp, n in jobs.items()}
     assert hours["ref_paper"] == pytest.approx(hours["exp01c"], rel=0.01)  # same FLOPs, 8x the wall time
+    wall = {exp: float(lines[n + 1].split("(")[1].split(" h")[0]) for exp, n in jobs.items()}
+    assert wall["ref_paper"] == pytest.approx(8 * wall["exp01c"], rel=0.01)
     launches = [line for line in output.splitlines() if " launch --backend tpu-vm" in line]
     small = [line for line in launches if "--tpu-slices trm-v4-8" in line]
     assert len(launches) == 2 and len(small) == 1
