@@ -19,7 +19,7 @@ from trm.run import layout
 from trm.storage import GCS_SCHEMES, check_url, write_text
 from trm.storage import join as url_join
 from trm.study.estimate import CostCache, accelerator_hours, run_flops
-from trm.study.plan import check_batches, parse_dataset_name, plan_study
+from trm.study.plan import check_batches, parse_dataset_name, plan_study_cached
 from trm.study.scale import SMOKE_POOL, TEST_PUZZLES
 
 
@@ -115,7 +115,8 @@ TRM = os.path.join(os.path.dirname(sys.executable), "trm")
 try:
     PLAN = {
         exp.id: exp
-        for exp in plan_study(
+        for exp in plan_study_cached(
+            os.path.join(config["results"], ".cache", f"plan-{config['scale']}.json"),
             config["scale"],
             config["experiments"],
             config["groups"],
