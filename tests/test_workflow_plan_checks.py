@@ -93,7 +93,9 @@ def test_the_cached_plan_is_the_plan_and_follows_an_edited_experiment(workdir, t
     cache = tmp_path / "plan.json"
     where = {"experiments_dir": experiments, "groups_path": groups}
     fresh = plan_study("smoke", ["exp06_a", "exp06_c"], **where)
-    assert plan_study_cached(cache, "smoke", ["exp06_a", "exp06_c"], **where) == fresh  # computed, then stored
+    assert (
+        plan_study_cached(cache, "smoke", ["exp06_a", "exp06_c"], **where) == fresh
+    )  # computed, then stored
     assert plan_study_cached(cache, "smoke", ["exp06_a", "exp06_c"], **where) == fresh  # read back
     edited = experiments / "exp06_a.yaml"
     edited.write_text(edited.read_text().replace("global_batch_size: 1536", "global_batch_size: 3072"))

@@ -19,14 +19,16 @@ import argparse
 import itertools
 import json
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from trm.errors import UserError
 from trm.study.groups import format_number as _fmt
 from trm.study.groups import load_groups
 from trm.study.groups import signed as _signed
 from trm.study.scale import SCALES
+
+if TYPE_CHECKING:  # pandas is imported where a table is read, so `trm verdicts --help` stays fast
+    import pandas as pd
 
 SUPPORTED, NOT_SUPPORTED, NO_DATA = "supported", "not supported", "not enough data"
 SMOKE_NOTE = (
@@ -139,6 +141,8 @@ def needed_members(criterion: dict, group: dict) -> list[str]:
 
 def evaluate_criterion(criterion: dict, group: dict, table: pd.DataFrame) -> dict:
     """One criterion judged on the table (one row per experiment id): verdict, detail and the values read."""
+    import pandas as pd
+
     metric = criterion["metric"]
     rows = table.set_index("id")[metric]
     values: dict[str, float | None] = {}
@@ -303,6 +307,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    import pandas as pd
+
     try:
         table = pd.read_csv(args.table)
     except FileNotFoundError:

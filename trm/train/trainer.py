@@ -21,6 +21,7 @@ from trm.errors import UserError
 from trm.model.config import ModelConfig
 from trm.run import distributed, layout
 from trm.run.state import EXIT_PREEMPTED, TrainerStatus
+from trm.run.timing import Timings
 from trm.train.checkpoint import Checkpointer
 from trm.train.data import TrainBatches
 from trm.train.ema import eval_params
@@ -56,7 +57,9 @@ class Trainer:
         log_every: int,
         use_wandb: bool,
         host_log: HostLog | None = None,
+        timings: Timings | None = None,
     ) -> None:
+        self.timings = timings or Timings()
         self.config = config
         self.run_dir = run_dir
         self.log_every = log_every
@@ -76,9 +79,10 @@ class Trainer:
             file=sys.stderr,
         )
 
-        dataset_dir = fetch_dataset(data_url, cache_dir)  # every host reads its own local copy
-        self.train_split = load_split(dataset_dir, "train")
-        self.test_split = load_split(dataset_dir, "test")
+        with self.timings.phase("data"):
+            dataset_dir = fetch_dataset(data_url, cache_dir)  # every host reads its own local copy
+            self.train_split = load_split(dataset_dir, "train")
+            self.test_split = load_split(dataset_dir, "test")
         self.model_cfg = ModelConfig.from_dict(config["arch"], self.train_split.metadata)
         _check_compatible(self.train_split.metadata, self.test_split.metadata)
 
@@ -151,13 +155,15 @@ class Trainer:
             raise
 
     def _run(self) -> int:
-        state = init_state(
-            self.model, self.config, self.total_steps, self.train_cfg["global_batch_size"], self.mesh
-        )
+        with self.timings.phase("init"):
+            state = init_state(
+                self.model, self.config, self.total_steps, self.train_cfg["global_batch_size"], self.mesh
+            )
         start = self.checkpoints.latest_step()
         window = MetricWindow()
         if start is not None:
-            state, record = self.checkpoints.restore(start, state)
+            with self.timings.phase("checkpoint"):
+                state, record = self.checkpoints.restore(start, state)
             window = MetricWindow.from_record(record)
             print(f"resuming from step {start} of {self.total_steps}", file=sys.stderr)
         start = start or 0
@@ -187,7 +193,8 @@ class Trainer:
         )
         metrics_log.flush()
         self._save(state, self.total_steps, started, window)
-        self.checkpoints.wait()
+        with self.timings.phase("checkpoint"):
+            self.checkpoints.wait()
         # Every host's own copy of the parameters, so a test (or a user) can see that all replicas agree.
         host_params = distributed.gather_strings(params_digest(state.params))
         host_ema = distributed.gather_strings(params_digest(state.ema)) if state.ema is not None else None
@@ -226,6 +233,7 @@ class Trainer:
             self.wandb.log({f"final/{k}": v for k, v in final.items()}, step=self.total_steps)
             self.wandb.finish()
         print(json.dumps({"final_test": final}), file=sys.stderr)
+        print(json.dumps({"timings": self.timings.record()}), file=sys.stderr)
         return 0
 
     def _train(
@@ -246,8 +254,11 @@ class Trainer:
         for step in range(start, self.total_steps):
             cycles = cycles_at(self.batches.epoch_at(step), self.config)
             exploration = halt_exploration_at(step, self.total_steps, self.config)
-            state, metrics = self.train_step(state, self.batches.batch(step).as_dict(), exploration, cycles)
-            window.add(metrics)
+            with self.timings.phase("train"):
+                state, metrics = self.train_step(
+                    state, self.batches.batch(step).as_dict(), exploration, cycles
+                )
+                window.add(metrics)
             done = step + 1
             progress.update(1)
             if done % self.log_every == 0 or done == self.total_steps:
@@ -310,12 +321,13 @@ class Trainer:
     def _evaluate(self, state: TrainState, limit: int | None) -> dict:
         """The figures after train.eval_steps supervision steps (EMA weights when kept) on the first `limit` test
         puzzles (all when None), in batches of the training batch: the same evaluation as `trm evaluate`."""
-        weights = self.evaluator.put_weights(
-            eval_params(state.params, state.ema), state.puzzle_emb, state.buffers
-        )
-        (record,) = evaluate(
-            self.evaluator, weights, self.test_split, self.train_cfg["global_batch_size"], limit
-        )
+        with self.timings.phase("evaluate"):
+            weights = self.evaluator.put_weights(
+                eval_params(state.params, state.ema), state.puzzle_emb, state.buffers
+            )
+            (record,) = evaluate(
+                self.evaluator, weights, self.test_split, self.train_cfg["global_batch_size"], limit
+            )
         return record
 
     def _save(self, state: TrainState, step: int, started: float, window: MetricWindow) -> None:
@@ -325,7 +337,8 @@ class Trainer:
             "wall_seconds": time.time() - started,
             "metric_window": window.to_record(),
         }
-        self.checkpoints.save(step, state, record)
+        with self.timings.phase("checkpoint"):
+            self.checkpoints.save(step, state, record)
 
     def _install_signal_handlers(self) -> None:
         """One process: SIGTERM/SIGINT set a flag checked after each step. Several: JAX's preemption service
