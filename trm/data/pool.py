@@ -58,7 +58,9 @@ def main(args: argparse.Namespace) -> int:
         if value < 1:
             raise UserError(f"{flag} must be >= 1, got {value}")
     if args.blanks is not None and not 1 <= args.blanks <= 64:
-        raise UserError(f"--blanks must be 1 to 64 (no puzzle with a unique solution has more), got {args.blanks}")
+        raise UserError(
+            f"--blanks must be 1 to 64 (no puzzle with a unique solution has more), got {args.blanks}"
+        )
     puzzles = generate_puzzles(args.train + args.test, args.seed, args.blanks)
     output = Path(args.output_dir)
     output.mkdir(parents=True, exist_ok=True)
