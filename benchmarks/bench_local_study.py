@@ -3,7 +3,8 @@
 Runs the workflow (`snakemake --cores 2 all`, by default on a representative subset of the smoke study) in a fresh
 folder, then breaks each job's wall time into:
 
-- start+imports: from the process's start to the first line of its command (Python, JAX, Flax, Orbax imports);
+- start+imports: from the process's start to the first line of its command (Python and `trm`'s own imports);
+- setup: JAX's import and devices, the model and optimizer (compile excluded);
 - compile: JAX tracing, lowering and XLA compilation (or persistent-cache reads), with the cache's hits/misses;
 - data, init (parameters and optimizer state), train (steps, compile excluded), evaluate (compile excluded),
   checkpoint (saves, the final wait, restores), other (the rest of the process: markers, summaries);
@@ -37,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 # One member of most groups' dimensions, the widest and the largest-batch runs (the costliest), and the baseline.
 SUBSET = ["exp01a", "exp01c", "exp01f", "exp02a_06", "exp04a_5000", "exp06_a", "exp06_f"]
-COLUMNS = ("start+imports", "compile", "data", "init", "train", "evaluate", "checkpoint", "other", "outside")
+COLUMNS = ("start+imports", "setup", "compile", "data", "init", "train", "evaluate", "checkpoint", "other", "outside")
 STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]$")
 
 
@@ -109,7 +110,7 @@ def breakdown(job: dict) -> dict[str, float] | None:
     phases = record["phases"]
     row = {"start+imports": record["start_and_imports_s"] or 0.0}
     row["compile"] = sum(p["compile_s"] for p in phases.values())
-    for name in ("data", "init", "train", "evaluate", "checkpoint", "other"):
+    for name in ("setup", "data", "init", "train", "evaluate", "checkpoint", "other"):
         phase = phases.get(name, {"wall_s": 0.0, "compile_s": 0.0})
         row[name] = phase["wall_s"] - phase["compile_s"]
     row["outside"] = max(0.0, (job["end"] - job["start"]) - row["start+imports"] - record["total_s"])

@@ -27,6 +27,7 @@ from trm.config import config_hash, dump_config, load_config
 from trm.study.estimate import model_costs, run_flops, training_steps
 from trm.study.groups import load_groups
 from trm.study.plan import dataset_name, plan_study
+from trm.study.scale import SMOKE, SMOKE_POOL
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -199,7 +200,8 @@ def test_smoke_scale_keeps_what_each_group_varies():
                     range(len(smoke_k)), key=smoke_k.__getitem__
                 ), (group["id"], group["varies"][k])
     widths = [smoke[f"exp01{x}"]["arch"]["hidden_size"] for x in "abcdef"]
-    assert [w * 32 for w in widths] == [paper[f"exp01{x}"]["arch"]["hidden_size"] for x in "abcdef"]
+    divisor = SMOKE["arch.hidden_size"][1]
+    assert [w * divisor for w in widths] == [paper[f"exp01{x}"]["arch"]["hidden_size"] for x in "abcdef"]
 
 
 def test_smoke_datasets_map_one_to_one_and_scale_changes_the_hash():
@@ -277,7 +279,8 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     results = workdir / "results/smoke"
     table = pd.read_csv(results / "table.csv")
     assert list(table["id"]) == ["exp01a", "exp04a_100"]
-    assert table.loc[0, "varied"] == "hidden_size=8, num_heads=4"
+    width = plan_study("smoke", ["exp01a"])[0].config["arch"]["hidden_size"]
+    assert table.loc[0, "varied"] == f"hidden_size={width}, num_heads=4"
     assert table.loc[1, "data.train_puzzles"] == 2
     assert (table["parameter_count"] > 0).all() and (table["wall_time_s"] > 0).all()
     assert table["test_exact_accuracy"].between(0, 1).all()
@@ -297,7 +300,10 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     assert list(test_time["baseline"]) == [False, False, False, False]
     assert test_time["exact_accuracy"].between(0, 1).all() and test_time["accuracy"].between(0, 1).all()
     evaluation = json.loads((results / "eval/exp01a-steps.json").read_text())
-    assert evaluation["results"][0]["count"] == 16 and evaluation["weights"] in ("ema", "params")
+    assert evaluation["results"][0]["count"] == SMOKE_POOL["test"] and evaluation["weights"] in (
+        "ema",
+        "params",
+    )
     # At the training halt limit (16 steps) `trm evaluate` reproduces the trainer's final test evaluation exactly:
     # the same evaluator (one compiled supervision step) on the same batches of the run's batch size and the same
     # devices, so equal by construction, not by tolerance.
@@ -328,7 +334,7 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     # The run dir in storage is named by the config hash, and holds the resolved config.
     run_config = json.loads((results / "runs/exp01a/config.json").read_text())
     assert (workdir / f"results/storage/smoke/runs/{table.loc[0, 'config_hash']}/_SUCCESS").exists()
-    assert run_config["arch"]["hidden_size"] == 8
+    assert run_config["arch"]["hidden_size"] == width
 
     report = subprocess.run(
         [SNAKEMAKE, *config, "--report", "report.html"],

@@ -50,6 +50,7 @@ class Timings:
         self.start_and_imports = None if started is None else max(0.0, self.created - started)
         self.phases: dict[str, dict[str, float]] = {}
         self._current = "other"
+        self._nested: list[float] = []  # per open phase: seconds of the phases nested in it
         self._listening = False
 
     def _listen(self) -> None:
@@ -77,14 +78,19 @@ class Timings:
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        """Count the wall time of the block (and compilations in it) under `name`; phases may repeat, not nest."""
-        self._listen()
-        outer, self._current = self._current, name
+        """Count the wall time of the block (and compilations in it) under `name`. Phases may repeat and nest: a
+        nested phase's time counts for it alone, not for the phase around it."""
         started = time.time()
+        outer, self._current = self._current, name
+        self._nested.append(0.0)
         try:
+            self._listen()  # the first phase imports JAX's monitoring, hence JAX: counted in that phase
             yield
         finally:
-            self._entry(name)["wall_s"] += time.time() - started
+            elapsed = time.time() - started
+            self._entry(name)["wall_s"] += elapsed - self._nested.pop()
+            if self._nested:
+                self._nested[-1] += elapsed
             self._current = outer
 
     def record(self) -> dict:

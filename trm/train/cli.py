@@ -54,7 +54,8 @@ def main(args: argparse.Namespace) -> int:
     # JAX and the trainer are imported here, not at the top, so that `trm train --help` stays fast.
     timings = Timings()  # first: the time before it is the process's start and imports
     options = distributed.options_from_args(args)
-    distributed.initialize(options)  # before anything touches a device
+    with timings.phase("setup"):
+        distributed.initialize(options)  # before anything touches a device
     host_log = HostLog()
     try:
         if options.mode == "off":
@@ -65,17 +66,26 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace, host_log: HostLog, timings: Timings) -> int:
-    import jax
+    with timings.phase("setup"):  # JAX's import, the devices, the model and its optimizer
+        import jax
 
-    from trm.train.trainer import Trainer
+        from trm.train.trainer import Trainer
 
     run = spec.resolve(args)
     if args.log_every < 1:
         raise UserError(f"--log-every {args.log_every}: must be >= 1")
     try:
-        trainer = Trainer(
-            run.config, run.data, run.run_dir, args.cache_dir, args.log_every, args.wandb, host_log, timings
-        )
+        with timings.phase("setup"):
+            trainer = Trainer(
+                run.config,
+                run.data,
+                run.run_dir,
+                args.cache_dir,
+                args.log_every,
+                args.wandb,
+                host_log,
+                timings,
+            )
     except BaseException as err:
         # A setup failure (no dataset, bad data, storage unreachable) still ends the run with a reason.
         mark_setup_failed(

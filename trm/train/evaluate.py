@@ -122,11 +122,12 @@ def results_csv(results: list[dict]) -> str:
 
 def main(args: argparse.Namespace) -> int:
     timings = Timings()  # first: the time before it is the process's start and imports
-    import jax
+    with timings.phase("setup"):
+        import jax
 
-    from trm.train.evaluator import Evaluator, evaluate
-    from trm.train.step import Model
-    from trm.train.weights import load_weights
+        from trm.train.evaluator import Evaluator, evaluate
+        from trm.train.step import Model
+        from trm.train.weights import load_weights
 
     counts = parse_steps(args.steps)
     if args.subset is not None and args.subset < 1:

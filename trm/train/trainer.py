@@ -254,12 +254,16 @@ class Trainer:
         for step in range(start, self.total_steps):
             cycles = cycles_at(self.batches.epoch_at(step), self.config)
             exploration = halt_exploration_at(step, self.total_steps, self.config)
+            done = step + 1
             with self.timings.phase("train"):
                 state, metrics = self.train_step(
                     state, self.batches.batch(step).as_dict(), exploration, cycles
                 )
                 window.add(metrics)
-            done = step + 1
+                if done % self.log_every == 0 or done % self.batches.batches_per_iter == 0:
+                    # Steps run asynchronously; what follows (a record, an evaluation) waits for them anyway:
+                    # the wait is training time.
+                    jax.block_until_ready(state)
             progress.update(1)
             if done % self.log_every == 0 or done == self.total_steps:
                 record = self._train_record(done, window, time.time() - window_start, cycles, exploration)

@@ -148,6 +148,13 @@ SELECTED_GROUPS = list(dict.fromkeys(exp.group for exp in PLAN.values()))
 DATASETS = sorted({exp.dataset for exp in PLAN.values()})
 SOFTWARE = "../envs/trm.yaml"  # every rule's conda environment (relative to the rule files)
 TEST_TIME_STEPS = ",".join(map(str, config["test_time_steps"][config["scale"]]))
+# XLA's CPU work on one thread per job: Snakemake runs --cores jobs side by side, and each job's own thread pool as
+# wide as the machine would oversubscribe the cores. Set in Snakemake's environment, which every job inherits (not
+# in the commands: a changed command would make Snakemake rerun finished jobs); a user's XLA_FLAGS are kept.
+if "intra_op_parallelism_threads" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        f"{os.environ.get('XLA_FLAGS', '')} --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+    ).strip()
 # A persistent XLA cache: the study's many same-shaped configs (every group's baseline) compile once.
 JAX_CACHE_ENV = [
     "env",
