@@ -41,7 +41,7 @@ SMOKE: dict[str, tuple] = {
     "optim.ema_rate": ("horizon", 100, 0.25),  # 0.999 -> 0.9; exp08 0.99..0.9995 -> 0.25..0.95
     "schedules.curriculum.epochs": ("divide", 700, 1),  # 10000 of 50000 epochs -> 14 of 72
     "train.epochs": ("set", 72),  # 60 steps at the baseline's 20 puzzles / 24 batch
-    "train.eval_interval": ("set", 24),  # three evaluations; >= one batch per interval even at 2 puzzles
+    "train.eval_interval": ("set", 36),  # two evaluations; >= one batch per interval even at 2 puzzles
     "train.eval_subset": ("set", None),  # the smoke test split is small: evaluate all of it
 }
 # The smoke datasets' one source, generated offline: train puzzles (the largest smoke dataset, exp04a_5000's 100)
