@@ -47,7 +47,7 @@ SMOKE: dict[str, tuple] = {
 # The smoke datasets' one source, generated offline: train puzzles (the largest smoke dataset, exp04a_5000's 100)
 # and test puzzles, each with `blanks` blank cells (easier than minimal puzzles, so that short runs learn). Fixed,
 # so that running a subset first and the whole study later reuses the same pool.
-SMOKE_POOL = {"train": 100, "test": 32, "blanks": 30}
+SMOKE_POOL = {"train": 100, "test": 16, "blanks": 30}
 # Test puzzles of a final evaluation per scale: the smoke pool's, and Sudoku-Extreme's full test split.
 TEST_PUZZLES = {"smoke": SMOKE_POOL["test"], "paper": 423_168}
 

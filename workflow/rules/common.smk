@@ -15,6 +15,7 @@ from snakemake.utils import validate
 from trm.config import dump_config
 from trm.errors import UserError
 from trm.launch import tpu_options
+from trm.launch.local import one_thread_per_job
 from trm.run import layout
 from trm.storage import GCS_SCHEMES, check_url, write_text
 from trm.storage import join as url_join
@@ -148,13 +149,9 @@ SELECTED_GROUPS = list(dict.fromkeys(exp.group for exp in PLAN.values()))
 DATASETS = sorted({exp.dataset for exp in PLAN.values()})
 SOFTWARE = "../envs/trm.yaml"  # every rule's conda environment (relative to the rule files)
 TEST_TIME_STEPS = ",".join(map(str, config["test_time_steps"][config["scale"]]))
-# XLA's CPU work on one thread per job: Snakemake runs --cores jobs side by side, and each job's own thread pool as
-# wide as the machine would oversubscribe the cores. Set in Snakemake's environment, which every job inherits (not
-# in the commands: a changed command would make Snakemake rerun finished jobs); a user's XLA_FLAGS are kept.
-if "intra_op_parallelism_threads" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (
-        f"{os.environ.get('XLA_FLAGS', '')} --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-    ).strip()
+# XLA's CPU work on one thread per job, set in Snakemake's environment, which every job inherits (not in the
+# commands: a changed command would make Snakemake rerun finished jobs).
+one_thread_per_job()
 # A persistent XLA cache: the study's many same-shaped configs (every group's baseline) compile once.
 JAX_CACHE_ENV = [
     "env",
