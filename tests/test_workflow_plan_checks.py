@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from trm.errors import UserError
-from trm.study.plan import check_batches, plan_study
+from trm.study.plan import check_batches, plan_study, plan_study_cached
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -162,3 +162,20 @@ def test_an_experiment_can_run_on_its_own_accelerator_and_pool(workdir):
     assert code != 0 and "train.global_batch_size=768 must be divisible" in output and "5 devices" in output
     code, output = dry_run(workdir, "--config", "launch={per_experiment: {ref_papr: {hosts: 2}}}")
     assert code != 0 and "launch.per_experiment: no experiment ref_papr" in output
+
+
+def test_the_cached_plan_is_the_plan_and_follows_an_edited_experiment(workdir, tmp_path):
+    experiments, groups = workdir / "config/experiments", workdir / "config/groups.yaml"
+    cache = tmp_path / "plan.json"
+    where = {"experiments_dir": experiments, "groups_path": groups}
+    fresh = plan_study("smoke", ["exp06_a", "exp06_c"], **where)
+    assert (
+        plan_study_cached(cache, "smoke", ["exp06_a", "exp06_c"], **where) == fresh
+    )  # computed, then stored
+    assert plan_study_cached(cache, "smoke", ["exp06_a", "exp06_c"], **where) == fresh  # read back
+    edited = experiments / "exp06_a.yaml"
+    edited.write_text(edited.read_text().replace("global_batch_size: 1536", "global_batch_size: 3072"))
+    replanned = plan_study_cached(cache, "smoke", ["exp06_a", "exp06_c"], **where)
+    assert replanned == plan_study("smoke", ["exp06_a", "exp06_c"], **where)
+    assert replanned[0].hash != fresh[0].hash and replanned[1] == fresh[1]
+    assert plan_study_cached(cache, "smoke", ["exp06_c"], **where) == fresh[1:]  # another selection

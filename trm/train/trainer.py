@@ -21,6 +21,7 @@ from trm.errors import UserError
 from trm.model.config import ModelConfig
 from trm.run import distributed, layout
 from trm.run.state import EXIT_PREEMPTED, TrainerStatus
+from trm.run.timing import Timings
 from trm.train.checkpoint import Checkpointer
 from trm.train.data import TrainBatches
 from trm.train.ema import eval_params
@@ -58,7 +59,9 @@ class Trainer:
         use_wandb: bool,
         host_log: HostLog | None = None,
         test_time_steps: tuple[int, ...] = (),
+        timings: Timings | None = None,
     ) -> None:
+        self.timings = timings or Timings()
         self.config = config
         self.data_url = data_url
         self.test_time_steps = test_time_steps
@@ -80,9 +83,10 @@ class Trainer:
             file=sys.stderr,
         )
 
-        dataset_dir = fetch_dataset(data_url, cache_dir)  # every host reads its own local copy
-        self.train_split = load_split(dataset_dir, "train")
-        self.test_split = load_split(dataset_dir, "test")
+        with self.timings.phase("data"):
+            dataset_dir = fetch_dataset(data_url, cache_dir)  # every host reads its own local copy
+            self.train_split = load_split(dataset_dir, "train")
+            self.test_split = load_split(dataset_dir, "test")
         self.model_cfg = ModelConfig.from_dict(config["arch"], self.train_split.metadata)
         _check_compatible(self.train_split.metadata, self.test_split.metadata)
 
@@ -155,13 +159,15 @@ class Trainer:
             raise
 
     def _run(self) -> int:
-        state = init_state(
-            self.model, self.config, self.total_steps, self.train_cfg["global_batch_size"], self.mesh
-        )
+        with self.timings.phase("init"):
+            state = init_state(
+                self.model, self.config, self.total_steps, self.train_cfg["global_batch_size"], self.mesh
+            )
         start = self.checkpoints.latest_step()
         window = MetricWindow()
         if start is not None:
-            state, record = self.checkpoints.restore(start, state)
+            with self.timings.phase("checkpoint"):
+                state, record = self.checkpoints.restore(start, state)
             window = MetricWindow.from_record(record)
             print(f"resuming from step {start} of {self.total_steps}", file=sys.stderr)
         start = start or 0
@@ -173,8 +179,10 @@ class Trainer:
         if self._stop_signal is None:
             # Saved before the final evaluation: a job stopped during it resumes there, not in training.
             self._save(state, self.total_steps, started, window)
-            self.checkpoints.wait()
-            final = self._final_evaluation(state)
+            with self.timings.phase("checkpoint"):
+                self.checkpoints.wait()
+            with self.timings.phase("evaluate"):
+                final = self._final_evaluation(state)
         if self._stop_signal is not None:
             step = int(state.step)
             self._save(state, step, started, window)
@@ -225,6 +233,7 @@ class Trainer:
             self.wandb.log({f"final/{k}": v for k, v in final.items()}, step=self.total_steps)
             self.wandb.finish()
         print(json.dumps({"final_test": final}), file=sys.stderr)
+        print(json.dumps({"timings": self.timings.record()}), file=sys.stderr)
         return 0
 
     def _train(
@@ -245,9 +254,16 @@ class Trainer:
         for step in range(start, self.total_steps):
             cycles = cycles_at(self.batches.epoch_at(step), self.config)
             exploration = halt_exploration_at(step, self.total_steps, self.config)
-            state, metrics = self.train_step(state, self.batches.batch(step).as_dict(), exploration, cycles)
-            window.add(metrics)
             done = step + 1
+            with self.timings.phase("train"):
+                state, metrics = self.train_step(
+                    state, self.batches.batch(step).as_dict(), exploration, cycles
+                )
+                window.add(metrics)
+                if done % self.log_every == 0 or done % self.batches.batches_per_iter == 0:
+                    # Steps run asynchronously; what follows (a record, an evaluation) waits for them anyway:
+                    # the wait is training time.
+                    jax.block_until_ready(state)
             progress.update(1)
             if done % self.log_every == 0 or done == self.total_steps:
                 record = self._train_record(done, window, time.time() - window_start, cycles, exploration)
@@ -308,14 +324,15 @@ class Trainer:
 
     def _evaluate(self, state: TrainState, limit: int) -> dict:
         """The figures after train.eval_steps supervision steps (EMA weights when kept) on the first `limit` test
-        puzzles, in batches of the training batch: the same evaluation as `trm evaluate`."""
-        (record,) = evaluate(
-            self.evaluator,
-            self._eval_weights(state),
-            self.test_split,
-            self.train_cfg["global_batch_size"],
-            limit,
-        )
+        puzzles (all when None), in batches of the training batch: the same evaluation as `trm evaluate`."""
+        with self.timings.phase("evaluate"):
+            (record,) = evaluate(
+                self.evaluator,
+                self._eval_weights(state),
+                self.test_split,
+                self.train_cfg["global_batch_size"],
+                limit,
+            )
         return record
 
     def _final_evaluation(self, state: TrainState) -> dict | None:
@@ -356,7 +373,8 @@ class Trainer:
             "wall_seconds": time.time() - started,
             "metric_window": window.to_record(),
         }
-        self.checkpoints.save(step, state, record)
+        with self.timings.phase("checkpoint"):
+            self.checkpoints.save(step, state, record)
 
     def _install_signal_handlers(self) -> None:
         """One process: SIGTERM/SIGINT set a flag checked after each step. Several: JAX's preemption service
