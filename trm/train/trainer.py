@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
 import sys
 import time
-from typing import Any
 
 import jax
-import numpy as np
 
 from trm import storage
 from trm.config import config_hash
-from trm.data.format import load_split
+from trm.data.format import check_same_format, load_split
 from trm.data.verify import fetch_dataset
 from trm.errors import UserError
 from trm.model.config import ModelConfig
@@ -32,20 +29,6 @@ from trm.train.records import MetricsLog, MetricWindow, best_evaluation, halt_st
 from trm.train.schedule import cycles_at, halt_exploration_at
 from trm.train.step import Model, TrainState, TrainStep, check_train_config, init_state
 from trm.train.test_time import run_test_time_evaluation
-
-
-def params_digest(tree: Any) -> str:
-    """sha256 over the bytes of every leaf in a fixed order: equal digests mean bit-identical parameters.
-
-    Hashes this process's own copy of replicated arrays, so hosts can compare their copies.
-    """
-    digest = hashlib.sha256()
-    for path, leaf in sorted(
-        jax.tree_util.tree_leaves_with_path(tree), key=lambda kv: jax.tree_util.keystr(kv[0])
-    ):
-        digest.update(jax.tree_util.keystr(path).encode())
-        digest.update(np.ascontiguousarray(distributed.local_copy(leaf)).tobytes())
-    return digest.hexdigest()
 
 
 class Trainer:
@@ -88,7 +71,7 @@ class Trainer:
             self.train_split = load_split(dataset_dir, "train")
             self.test_split = load_split(dataset_dir, "test")
         self.model_cfg = ModelConfig.from_dict(config["arch"], self.train_split.metadata)
-        _check_compatible(self.train_split.metadata, self.test_split.metadata)
+        check_same_format(self.train_split.metadata, self.test_split.metadata)
 
         self.batches = TrainBatches(
             self.train_split,
@@ -196,8 +179,12 @@ class Trainer:
             metrics_log.add({**final_record, "epoch": self.batches.epoch_at(self.total_steps), **final})
         metrics_log.flush()
         # Every host's own copy of the parameters, so a test (or a user) can see that all replicas agree.
-        host_params = distributed.gather_strings(params_digest(state.params))
-        host_ema = distributed.gather_strings(params_digest(state.ema)) if state.ema is not None else None
+        host_params = distributed.gather_strings(distributed.params_digest(state.params))
+        host_ema = (
+            distributed.gather_strings(distributed.params_digest(state.ema))
+            if state.ema is not None
+            else None
+        )
         summary = {
             "config_hash": config_hash(self.config),
             "code_version": distributed.code_version(),
@@ -396,14 +383,6 @@ class Trainer:
             if multihost_utils.reached_preemption_sync_point(done):
                 self._stop_signal = signal.SIGTERM
         return self._stop_signal is not None
-
-
-def _check_compatible(train_meta: dict, test_meta: dict) -> None:
-    for key in ("vocab_size", "seq_len", "num_puzzle_identifiers", "pad_id", "ignore_label_id"):
-        if train_meta.get(key) != test_meta.get(key):
-            raise UserError(
-                f"dataset splits disagree on {key}: train {train_meta.get(key)} vs test {test_meta.get(key)}"
-            )
 
 
 def _start_wandb(config: dict, run_dir: str):
