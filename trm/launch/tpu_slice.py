@@ -1,0 +1,202 @@
+"""One slice of the pool as the cloud reports it: waiting until it can run a job, creating and deleting it.
+
+The states (trm/launch/gcloud.py has the lists):
+  queued resource  ACCEPTED, CREATING, PROVISIONING, WAITING_FOR_RESOURCES: wait; ACTIVE: its node is used;
+                   SUSPENDING, SUSPENDED, DELETING: a preemption (deleted, unless deleting, and recreated);
+                   FAILED: the job fails at once with the cloud's message (quota, stockout, a bad type).
+  node             READY: runs; CREATING, STARTING, RESTARTING: wait; REPAIRING: wait at most
+                   repair_timeout_seconds, then it counts as lost; PREEMPTED, TERMINATED, anything else or
+                   gone: lost (create mode recreates it, pool mode waits for it to be READY again).
+A describe that fails transiently (timeout, network, 429, 5xx) is retried with backoff and, when it keeps
+failing, reported as unknown: never as a lost slice.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from trm.errors import UserError
+from trm.launch import gcloud
+from trm.launch.tpu_options import TpuOptions
+
+CREATE_TIMEOUT_S = 300.0
+
+
+class SliceLost(Exception):
+    """The slice was preempted or lost while we waited for it: relaunch."""
+
+
+class Slice:
+    def __init__(self, name: str, options: TpuOptions, log: Callable[[str], None]) -> None:
+        self.name = name
+        self.options = options
+        self.log = log
+        self.repairing_since: float | None = None
+
+    @property
+    def retry(self) -> gcloud.Retry:
+        poll = self.options.poll_seconds
+        return gcloud.Retry(
+            timeout_s=self.options.gcloud_timeout_seconds,
+            budget_s=max(5 * self.options.gcloud_timeout_seconds, 10 * poll),  # 10 minutes by default
+            first_s=min(2.0, poll),
+            max_s=max(poll, 2.0),
+            log=self.log,
+        )
+
+    def node(self) -> gcloud.Resource:
+        return gcloud.describe(gcloud.describe_node(self.name, self.options.where), self.retry)
+
+    def queued(self) -> gcloud.Resource:
+        return gcloud.describe(gcloud.describe_queued_resource(self.name, self.options.where), self.retry)
+
+    def health(self) -> tuple[str, str]:
+        """While a job runs: ("ok"|"unknown"|"repairing"|"lost", what the cloud said)."""
+        try:
+            state = self.node().state
+        except gcloud.CloudUnavailable as err:
+            return "unknown", str(err)
+        if state == gcloud.NODE_READY:
+            self.repairing_since = None
+            return "ok", state
+        if state == gcloud.NODE_REPAIRING and not self._repair_overdue():
+            return "repairing", state
+        return "lost", f"slice {self.name} is {state or 'gone'}"
+
+    def _repair_overdue(self) -> bool:
+        self.repairing_since = self.repairing_since or time.time()
+        return time.time() - self.repairing_since > self.options.repair_timeout_seconds
+
+    # ------------------------------------------------------------------------------------------ waiting
+
+    def ensure_ready(self) -> gcloud.Resource:
+        """The READY node (its endpoints give the hosts' addresses): created or recreated in create mode, waited
+        for in pool mode. SliceLost when it is preempted meanwhile; UserError when it cannot come."""
+        if self.options.create:
+            self._ensure_queued_resource()
+        return self._wait_node_ready()
+
+    def _ensure_queued_resource(self) -> None:
+        qr = self._unknown_as_none(self.queued)
+        if qr is not None and qr.state == gcloud.QR_FAILED:
+            raise UserError(f"queued resource {self.name} FAILED: {qr.failure}")
+        if qr is not None and qr.state in gcloud.QR_PREEMPTED:
+            self.log(f"queued resource {self.name} is {qr.state} (preempted): deleting it to recreate")
+            self.delete(qr.state)
+            self._wait_gone()
+            qr = gcloud.Resource(None, {})
+        elif qr is not None and qr.state == gcloud.QR_ACTIVE:
+            node = self._unknown_as_none(self.node)
+            broken = node is not None and node.state not in (gcloud.NODE_READY, *gcloud.NODE_COMING)
+            if broken or (
+                node is not None and node.state == gcloud.NODE_REPAIRING and self._repair_overdue()
+            ):
+                self.log(
+                    f"slice {self.name} is {node.state or 'gone'}: deleting its queued resource to recreate"
+                )
+                self.repairing_since = None
+                self.delete(qr.state)
+                self._wait_gone()
+                qr = gcloud.Resource(None, {})
+        if qr is not None and qr.state is None:
+            self._create()
+        self._wait_queued_active()
+
+    def _unknown_as_none(self, describe: Callable[[], gcloud.Resource]) -> gcloud.Resource | None:
+        try:
+            return describe()
+        except gcloud.CloudUnavailable as err:
+            self.log(f"the cloud does not answer ({err}); waiting")
+            return None
+
+    def _create(self) -> None:
+        o = self.options
+        argv = gcloud.create_queued_resource(
+            self.name, self.name, o.where, o.accelerator_type, o.runtime_version, o.provisioning
+        )
+        self.log(f"create queued resource: {' '.join(argv[:6])} ...")
+        done = gcloud.run(argv, CREATE_TIMEOUT_S)
+        kind = gcloud.classify(done)
+        if kind == "ok" or "ALREADY_EXISTS" in done.stderr:
+            return
+        message = gcloud.error_line(done.stderr)
+        if kind == "transient":  # it may or may not exist now: the wait below describes it again
+            self.log(f"creating queued resource {self.name} failed transiently ({message}); checking")
+            return
+        raise UserError(f"could not create queued resource {self.name}: {message}")
+
+    def _deadline(self) -> float:
+        return time.time() + self.options.provision_timeout_seconds
+
+    def _wait_queued_active(self) -> None:
+        deadline, last, created = self._deadline(), object(), False
+        while True:
+            qr = self._unknown_as_none(self.queued)
+            state = qr.state if qr else "unknown"
+            if state != last:
+                self.log(f"queued resource {self.name} is {state or 'not found'}")
+                last = state
+            if state == gcloud.QR_ACTIVE:
+                return
+            if state == gcloud.QR_FAILED:
+                raise UserError(f"queued resource {self.name} FAILED: {qr.failure}")
+            if state in gcloud.QR_PREEMPTED:
+                raise SliceLost(f"queued resource {self.name} is {state}")
+            if state is None:  # a transient create failure that did not create it
+                if created:
+                    raise SliceLost(f"queued resource {self.name} disappeared")
+                self._create()
+                created = True
+            if time.time() > deadline:
+                raise UserError(
+                    f"queued resource {self.name} not ACTIVE after {self.options.provision_timeout_seconds:.0f} s"
+                )
+            time.sleep(self.options.poll_seconds)
+
+    def _wait_node_ready(self) -> gcloud.Resource:
+        deadline, last = self._deadline(), object()
+        while True:
+            node = self._unknown_as_none(self.node)
+            state = node.state if node else "unknown"
+            if state != last:
+                self.log(f"slice {self.name} is {state or 'not found'}")
+                last = state
+            if state == gcloud.NODE_READY:
+                self.repairing_since = None
+                return node
+            if state == gcloud.NODE_REPAIRING and self._repair_overdue():
+                if self.options.create:
+                    raise SliceLost(
+                        f"slice {self.name} still REPAIRING after {self.options.repair_timeout_seconds:.0f} s"
+                    )
+                raise UserError(
+                    f"slice {self.name} still REPAIRING after {self.options.repair_timeout_seconds:.0f} s"
+                )
+            lost = state is None or (state != "unknown" and state not in gcloud.NODE_COMING)
+            if self.options.create and lost:
+                raise SliceLost(f"slice {self.name} is {state or 'gone'}")
+            if time.time() > deadline:
+                raise UserError(
+                    f"slice {self.name} not READY after {self.options.provision_timeout_seconds:.0f} s"
+                )
+            time.sleep(self.options.poll_seconds)
+
+    def _wait_gone(self) -> None:
+        deadline = self._deadline()
+        while True:
+            qr = self._unknown_as_none(self.queued)
+            if qr is not None and qr.state is None:
+                return
+            if time.time() > deadline:
+                raise UserError(f"queued resource {self.name} still exists after deletion")
+            time.sleep(self.options.poll_seconds)
+
+    def delete(self, state: str | None = None) -> None:
+        """Delete the queued resource and its slice (not waiting); nothing to do while it is DELETING."""
+        if state == "DELETING":
+            return
+        argv = gcloud.delete_queued_resource(self.name, self.options.where)
+        done = gcloud.run(argv, self.options.gcloud_timeout_seconds)
+        if gcloud.classify(done) not in ("ok", "not_found"):
+            self.log(f"delete queued resource {self.name} failed: {gcloud.error_line(done.stderr)}")
