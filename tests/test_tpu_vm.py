@@ -129,9 +129,11 @@ def _stop(proc: subprocess.Popen) -> None:
 # ------------------------------------------------------------------------------------------- the launcher
 
 
-def test_preempted_slice_is_recreated_and_the_run_resumes_from_its_checkpoint(
+def test_stock_image_slice_preempted_is_recreated_and_the_run_resumes_from_its_checkpoint(
     cloud, tpu_bucket, data, tmp_path
 ):
+    """On fake hosts that look like the stock image (Python 3.10, no 3.11): the set-up makes each host's venv,
+    again on the recreated slice (fresh disks), and the trainers join through the explicit distributed start."""
     run_dir = f"{tpu_bucket}/runs/preempted"
     log = tmp_path / "launcher.log"
     # 72 steps, checkpoints every 4: the preemption comes right after the first finalized checkpoint (step 4),
@@ -169,6 +171,11 @@ def test_preempted_slice_is_recreated_and_the_run_resumes_from_its_checkpoint(
     assert launch["state"] == "finished" and launch["slice"] == SLICE and launch["attempt"] == 2
     # The hosts ran the shipped wheel, not this checkout: the code version is the wheel's.
     assert "+git." in host_log and ".src." in host_log
+    # Set up on the first slice and again on the recreated one, each time in a Python 3.11 venv of its own.
+    assert output.count("set up code") == 2 and "set-up current" not in output
+    for host in (cloud / "hosts" / SLICE).iterdir():
+        assert (host / ".trm/venv/.trm-setup").exists()
+        assert "version_info = 3.11." in (host / ".trm/venv/pyvenv.cfg").read_text()
     wait_until_exited(SLICE)
 
 

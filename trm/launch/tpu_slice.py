@@ -14,7 +14,7 @@ failing, reported as unknown: never as a lost slice.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from trm.errors import UserError
 from trm.launch import gcloud
@@ -33,16 +33,13 @@ class Slice:
         self.options = options
         self.log = log
         self.repairing_since: float | None = None
-
-    @property
-    def retry(self) -> gcloud.Retry:
-        poll = self.options.poll_seconds
-        return gcloud.Retry(
-            timeout_s=self.options.gcloud_timeout_seconds,
-            budget_s=max(5 * self.options.gcloud_timeout_seconds, 10 * poll),  # 10 minutes by default
+        poll = options.poll_seconds
+        self.retry = gcloud.Retry(  # transient describe failures: backoff, at most 10 minutes by default
+            timeout_s=options.gcloud_timeout_seconds,
+            budget_s=max(5 * options.gcloud_timeout_seconds, 10 * poll),
             first_s=min(2.0, poll),
             max_s=max(poll, 2.0),
-            log=self.log,
+            log=log,
         )
 
     def node(self) -> gcloud.Resource:
@@ -129,14 +126,26 @@ class Slice:
     def _deadline(self) -> float:
         return time.time() + self.options.provision_timeout_seconds
 
-    def _wait_queued_active(self) -> None:
-        deadline, last, created = self._deadline(), object(), False
+    def _poll(
+        self, describe: Callable[[], gcloud.Resource], what: str, wanted: str
+    ) -> Iterator[tuple[gcloud.Resource | None, str | None]]:
+        """(resource, state) every poll_seconds ("unknown" while the cloud does not answer), logging each new
+        state; a UserError when the caller is still waiting after provision_timeout_seconds."""
+        deadline, last = self._deadline(), object()
         while True:
-            qr = self._unknown_as_none(self.queued)
-            state = qr.state if qr else "unknown"
+            resource = self._unknown_as_none(describe)
+            state = resource.state if resource else "unknown"
             if state != last:
-                self.log(f"queued resource {self.name} is {state or 'not found'}")
+                self.log(f"{what} is {state or 'not found'}")
                 last = state
+            yield resource, state
+            if time.time() > deadline:
+                raise UserError(f"{what} not {wanted} after {self.options.provision_timeout_seconds:.0f} s")
+            time.sleep(self.options.poll_seconds)
+
+    def _wait_queued_active(self) -> None:
+        created = False
+        for qr, state in self._poll(self.queued, f"queued resource {self.name}", gcloud.QR_ACTIVE):
             if state == gcloud.QR_ACTIVE:
                 return
             if state == gcloud.QR_FAILED:
@@ -148,39 +157,19 @@ class Slice:
                     raise SliceLost(f"queued resource {self.name} disappeared")
                 self._create()
                 created = True
-            if time.time() > deadline:
-                raise UserError(
-                    f"queued resource {self.name} not ACTIVE after {self.options.provision_timeout_seconds:.0f} s"
-                )
-            time.sleep(self.options.poll_seconds)
 
     def _wait_node_ready(self) -> gcloud.Resource:
-        deadline, last = self._deadline(), object()
-        while True:
-            node = self._unknown_as_none(self.node)
-            state = node.state if node else "unknown"
-            if state != last:
-                self.log(f"slice {self.name} is {state or 'not found'}")
-                last = state
+        for node, state in self._poll(self.node, f"slice {self.name}", gcloud.NODE_READY):
             if state == gcloud.NODE_READY:
                 self.repairing_since = None
                 return node
             if state == gcloud.NODE_REPAIRING and self._repair_overdue():
-                if self.options.create:
-                    raise SliceLost(
-                        f"slice {self.name} still REPAIRING after {self.options.repair_timeout_seconds:.0f} s"
-                    )
-                raise UserError(
-                    f"slice {self.name} still REPAIRING after {self.options.repair_timeout_seconds:.0f} s"
-                )
+                why = f"slice {self.name} still REPAIRING after {self.options.repair_timeout_seconds:.0f} s"
+                raise SliceLost(why) if self.options.create else UserError(why)
             lost = state is None or (state != "unknown" and state not in gcloud.NODE_COMING)
             if self.options.create and lost:
                 raise SliceLost(f"slice {self.name} is {state or 'gone'}")
-            if time.time() > deadline:
-                raise UserError(
-                    f"slice {self.name} not READY after {self.options.provision_timeout_seconds:.0f} s"
-                )
-            time.sleep(self.options.poll_seconds)
+        raise AssertionError("unreachable: _poll ends by raising")
 
     def _wait_gone(self) -> None:
         deadline = self._deadline()
