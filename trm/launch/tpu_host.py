@@ -67,7 +67,7 @@ def setup_script(
     wheel = f"{HOME}/wheels/{shlex.quote(wheel_file)}"
     py = host_path(python)
     if install_dependencies:
-        install = [f'"$uv" pip install --python {VENV_PYTHON} "{wheel}[tpu]"']
+        install = [f"\"$uv\" pip install --python {VENV_PYTHON} {wheel}'[tpu]'"]
     else:
         # The interpreter has the pinned dependencies already (a custom image): the venv sees its packages.
         install = [
@@ -75,7 +75,7 @@ def setup_script(
             'purelib=$("$base" -c "import site; print(chr(10).join(site.getsitepackages()))")',
             f"venv_purelib=$({VENV_PYTHON} -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')",
             'echo "$purelib" > "$venv_purelib/trm-base-interpreter.pth"',
-            f'"$uv" pip install --python {VENV_PYTHON} --no-deps "{wheel}"',
+            f'"$uv" pip install --python {VENV_PYTHON} --no-deps {wheel}',
         ]
     body = [
         "set -eux",
@@ -86,6 +86,8 @@ def setup_script(
         f"  python3 -m pip install --user --quiet {shlex.quote('uv==' + uv_version)}",
         '  uv="$HOME/.local/bin/uv"',
         "fi",
+        # Other set-up settings (another Python) than the venv was made with: make it again.
+        f'old=$(cat {SETUP_MARKER} 2>/dev/null || true); [ "${{old#*-}}" = {shlex.quote(key.split("-", 1)[1])} ] || rm -rf {VENV}',
         f'[ -x {VENV_PYTHON} ] || "$uv" venv --python {py} {VENV}',
         *install,
         f"{VENV_PYTHON} -c 'import sys, trm; print(sys.version)'",
