@@ -146,6 +146,16 @@ def test_a_suspended_or_deleting_queued_resource_is_a_preemption(cloud, state):
     assert verbs.count("queued-resources delete") == (0 if state == "DELETING" else 1)
 
 
+def test_a_delete_that_fails_transiently_is_asked_again(cloud):
+    messages = []
+    _slice(messages, create=True).ensure_ready()
+    _fake("fake-state", "queued", NAME, "SUSPENDED")
+    _fake("fake-fault", "delete", "unavailable")
+    assert _slice(messages, create=True).ensure_ready().state == "READY"
+    assert _verbs(cloud).count("queued-resources delete") == 2
+    assert any("delete queued resource trm-cloud failed: HttpError 503" in m for m in messages)
+
+
 # ------------------------------------------------------------------------------------------ nodes
 
 

@@ -80,8 +80,7 @@ class Slice:
             raise UserError(f"queued resource {self.name} FAILED: {qr.failure}")
         if qr is not None and qr.state in gcloud.QR_PREEMPTED:
             self.log(f"queued resource {self.name} is {qr.state} (preempted): deleting it to recreate")
-            self.delete(qr.state)
-            self._wait_gone()
+            self._delete_and_wait(qr.state)
             qr = gcloud.Resource(None, {})
         elif qr is not None and qr.state == gcloud.QR_ACTIVE:
             node = self._unknown_as_none(self.node)
@@ -93,8 +92,7 @@ class Slice:
                     f"slice {self.name} is {node.state or 'gone'}: deleting its queued resource to recreate"
                 )
                 self.repairing_since = None
-                self.delete(qr.state)
-                self._wait_gone()
+                self._delete_and_wait(qr.state)
                 qr = gcloud.Resource(None, {})
         if qr is not None and qr.state is None:
             self._create()
@@ -171,21 +169,23 @@ class Slice:
                 raise SliceLost(f"slice {self.name} is {state or 'gone'}")
         raise AssertionError("unreachable: _poll ends by raising")
 
-    def _wait_gone(self) -> None:
-        deadline = self._deadline()
-        while True:
-            qr = self._unknown_as_none(self.queued)
+    def _delete_and_wait(self, state: str | None) -> None:
+        """Delete the queued resource and wait until it is gone, asking again while a deletion call fails."""
+        deleted = self.delete(state)
+        for qr, _ in self._poll(self.queued, f"queued resource {self.name}", "deleted"):
             if qr is not None and qr.state is None:
                 return
-            if time.time() > deadline:
-                raise UserError(f"queued resource {self.name} still exists after deletion")
-            time.sleep(self.options.poll_seconds)
+            if not deleted:
+                deleted = self.delete(qr.state if qr else None)
 
-    def delete(self, state: str | None = None) -> None:
-        """Delete the queued resource and its slice (not waiting); nothing to do while it is DELETING."""
+    def delete(self, state: str | None = None) -> bool:
+        """Delete the queued resource and its slice (not waiting; nothing to do while it is DELETING); False
+        when the call failed."""
         if state == "DELETING":
-            return
+            return True
         argv = gcloud.delete_queued_resource(self.name, self.options.where)
         done = gcloud.run(argv, self.options.gcloud_timeout_seconds)
-        if gcloud.classify(done) not in ("ok", "not_found"):
-            self.log(f"delete queued resource {self.name} failed: {gcloud.error_line(done.stderr)}")
+        if gcloud.classify(done) in ("ok", "not_found"):
+            return True
+        self.log(f"delete queued resource {self.name} failed: {gcloud.error_line(done.stderr)}")
+        return False

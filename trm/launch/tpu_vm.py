@@ -206,7 +206,10 @@ class Babysitter:
                 if started == "ok":
                     self.start_failures = 0
                     self.mark("running")
-                    outcome, why = self.watch(since)
+                    try:
+                        outcome, why = self.watch(since)
+                    except UserError as err:  # a permanent cloud error (permissions revoked, ...)
+                        outcome, why = "failed", str(err)
                 elif started == "setup":
                     outcome, why = (
                         "failed",
