@@ -225,7 +225,7 @@ def test_stock_image_failed_setup_fails_the_job_at_once_with_the_hosts_log_tail(
     output = done.stdout + done.stderr
     assert done.returncode == 1, output[-4000:]
     launch = json.loads(storage.read_text(f"{run_dir}/launch.json"))
-    assert launch["state"] == "failed" and launch["attempt"] == 1, launch
+    assert launch["state"] == "failed" and launch["attempt"] == 1, (launch, output[-4000:])
     assert "set-up failed" in launch["message"] and "python3.99-missing" in launch["message"], launch
     setups = [
         argv
@@ -249,7 +249,7 @@ def test_trainers_failing_before_training_fail_the_job_at_once(cloud, tpu_bucket
     assert done.returncode == 1, output[-4000:]
     assert time.time() - started < 240, output[-4000:]
     launch = json.loads(storage.read_text(f"{run_dir}/launch.json"))
-    assert launch["state"] == "failed" and launch["attempt"] == 1, launch
+    assert launch["state"] == "failed" and launch["attempt"] == 1, (launch, output[-4000:])
     assert "no-such-dataset/MANIFEST.json not found" in launch["message"], launch
     status = json.loads(storage.read_text(f"{run_dir}/status.json"))
     assert status["state"] == "failed" and status["slice"] == SLICE

@@ -210,7 +210,7 @@ class Babysitter:
                         outcome, why = self.watch(since)
                     except UserError as err:  # a permanent cloud error (permissions revoked, ...)
                         outcome, why = "failed", str(err)
-                elif started == "setup":
+                elif started == "setup" and self.cloud.health()[0] != "lost":  # lost: preempted meanwhile
                     outcome, why = (
                         "failed",
                         f"the set-up failed on the hosts of {self.slice}:\n{self.setup_error}",
