@@ -81,8 +81,9 @@ def _test_profile(root: Path, tpu_bucket: str, tmp: Path) -> Path:
     study["launch"]["tpu"].update(
         slices=[*SLICES],
         project="trm-test-project",
-        python="python3",
+        python=sys.executable,  # a local Python 3.11 with the dependencies for the stock-image hosts' venv
         install_dependencies=False,
+        coordinator_port=0,
         lock_dir=str(tmp / "locks"),
         poll_seconds=0.5,
         stop_grace_seconds=30,

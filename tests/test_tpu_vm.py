@@ -57,6 +57,8 @@ def _launch_command(
         "launch",
         "--backend",
         "tpu-vm",
+        "--hosts",
+        "2",  # the fake's slices have 2 hosts
         "--tpu-slices",
         SLICE,
         "--tpu-zone",
@@ -65,7 +67,13 @@ def _launch_command(
         "trm-test-project",
         "--tpu-code-url",
         f"{tpu_bucket}/code",
+        # The hosts look like the stock image (Python 3.10 only): the set-up makes a venv with this machine's
+        # Python 3.11, which has the dependencies, instead of downloading both.
+        "--tpu-python",
+        sys.executable,
         "--no-tpu-install-dependencies",
+        "--tpu-coordinator-port",
+        "0",
         "--tpu-lock-dir",
         str(tmp / "locks"),
         "--tpu-poll-seconds",
@@ -121,9 +129,11 @@ def _stop(proc: subprocess.Popen) -> None:
 # ------------------------------------------------------------------------------------------- the launcher
 
 
-def test_preempted_slice_is_recreated_and_the_run_resumes_from_its_checkpoint(
+def test_stock_image_slice_preempted_is_recreated_and_the_run_resumes_from_its_checkpoint(
     cloud, tpu_bucket, data, tmp_path
 ):
+    """On fake hosts that look like the stock image (Python 3.10, no 3.11): the set-up makes each host's venv,
+    again on the recreated slice (fresh disks), and the trainers join through the explicit distributed start."""
     run_dir = f"{tpu_bucket}/runs/preempted"
     log = tmp_path / "launcher.log"
     # 72 steps, checkpoints every 4: the preemption comes right after the first finalized checkpoint (step 4),
@@ -161,6 +171,11 @@ def test_preempted_slice_is_recreated_and_the_run_resumes_from_its_checkpoint(
     assert launch["state"] == "finished" and launch["slice"] == SLICE and launch["attempt"] == 2
     # The hosts ran the shipped wheel, not this checkout: the code version is the wheel's.
     assert "+git." in host_log and ".src." in host_log
+    # Set up on the first slice and again on the recreated one, each time in a Python 3.11 venv of its own.
+    assert output.count("set up code") == 2 and "set-up current" not in output
+    for host in (cloud / "hosts" / SLICE).iterdir():
+        assert (host / ".trm/venv/.trm-setup").exists()
+        assert "version_info = 3.11." in (host / ".trm/venv/pyvenv.cfg").read_text()
     wait_until_exited(SLICE)
 
 
@@ -192,7 +207,11 @@ def test_cancelled_job_stops_every_host_process_and_hostile_values_stay_quoted(
         assert not any(host.glob("PWNED*")) and not any(REPO.glob("PWNED*"))
 
 
-def test_a_broken_install_fails_the_job_without_spending_its_relaunches(cloud, tpu_bucket, data, tmp_path):
+def test_stock_image_failed_setup_fails_the_job_at_once_with_the_hosts_log_tail(
+    cloud, tpu_bucket, data, tmp_path
+):
+    """No Python 3.11 where the set-up looks (the stock image has 3.10 and the fake forbids downloads): the job
+    fails at its first set-up, with each host's log tail, instead of relaunching."""
     subprocess.run(["gcloud", "fake-create-node", SLICE], check=True, timeout=30)
     run_dir = f"{tpu_bucket}/runs/broken-install"
     broken = ("--tpu-python", "python3.99-missing", "--tpu-max-relaunches", "5")
@@ -205,15 +224,15 @@ def test_a_broken_install_fails_the_job_without_spending_its_relaunches(cloud, t
     )
     output = done.stdout + done.stderr
     assert done.returncode == 1, output[-4000:]
-    assert "python3.99-missing" in output  # the hosts' error is in the job's log
     launch = json.loads(storage.read_text(f"{run_dir}/launch.json"))
-    assert launch["state"] == "failed" and "2 times in a row" in launch["message"], launch
-    installs = [
+    assert launch["state"] == "failed" and launch["attempt"] == 1, (launch, output[-4000:])
+    assert "set-up failed" in launch["message"] and "python3.99-missing" in launch["message"], launch
+    setups = [
         argv
         for argv in gcloud_calls(cloud)
-        if argv[2:4] == ["tpu-vm", "ssh"] and any("pip install" in arg for arg in argv)
+        if argv[2:4] == ["tpu-vm", "ssh"] and any("uv" in a for a in argv)
     ]
-    assert len(installs) == 2  # retried once, not five times
+    assert len(setups) == 1  # not retried, not relaunched
     assert node_pids(SLICE) == []
 
 
@@ -230,7 +249,7 @@ def test_trainers_failing_before_training_fail_the_job_at_once(cloud, tpu_bucket
     assert done.returncode == 1, output[-4000:]
     assert time.time() - started < 240, output[-4000:]
     launch = json.loads(storage.read_text(f"{run_dir}/launch.json"))
-    assert launch["state"] == "failed" and launch["attempt"] == 1, launch
+    assert launch["state"] == "failed" and launch["attempt"] == 1, (launch, output[-4000:])
     assert "no-such-dataset/MANIFEST.json not found" in launch["message"], launch
     status = json.loads(storage.read_text(f"{run_dir}/status.json"))
     assert status["state"] == "failed" and status["slice"] == SLICE

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import subprocess
 import sys
 import time
 import uuid
@@ -59,27 +57,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _gcloud(argv: list[str], timeout: float = GCLOUD_TIMEOUT_S) -> tuple[bool, str]:
     """(succeeded, stdout or the last line of stderr) of one gcloud call; a timeout is a failure."""
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return False, f"no answer within {timeout:.0f} s"
+    done = gcloud.run(argv, timeout)
     if done.returncode != 0:
-        return False, _error_line(done.stderr) or f"exit code {done.returncode}"
+        return False, gcloud.error_line(done.stderr) or f"exit code {done.returncode}"
     return True, done.stdout.strip()
-
-
-def _error_line(stderr: str) -> str:
-    """gcloud's own error line without its "ERROR: (gcloud.group.command)" prefix, else the last line."""
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("ERROR:")]
-    line = errors[0] if errors else (lines[-1] if lines else "")
-    return re.sub(r"^ERROR:\s*(\([^)]*\)\s*)?", "", line)
 
 
 def check_gcloud() -> Result:
     try:
         ok, out = _gcloud(["gcloud", "--version"])
-    except FileNotFoundError:
+    except UserError:  # not on PATH
         return Result("gcloud", False, f"gcloud not found on PATH: {INSTALL_GCLOUD}")
     first = out.splitlines()[0] if ok and out else out
     return Result("gcloud", ok, first if ok else f"gcloud --version failed ({out}): {INSTALL_GCLOUD}")
@@ -165,7 +152,11 @@ def check_tpu_api(where: gcloud.Location) -> Result:
 
 
 def check_slice(name: str, where: gcloud.Location, create: bool, accelerator: str) -> Result:
-    state = gcloud.state(gcloud.describe_node(name, where), timeout=GCLOUD_TIMEOUT_S)
+    try:
+        retry = gcloud.Retry(timeout_s=GCLOUD_TIMEOUT_S, budget_s=GCLOUD_TIMEOUT_S, log=lambda _: None)
+        state = gcloud.describe(gcloud.describe_node(name, where), retry).state
+    except (gcloud.CloudError, gcloud.CloudUnavailable) as err:
+        return Result(f"slice {name}", False, f"cannot describe it: {err}")
     if state == gcloud.NODE_READY:
         return Result(f"slice {name}", True, "READY")
     if not create:

@@ -44,11 +44,15 @@ class TpuOptions:
     code_url: str
     python: str
     install_dependencies: bool
+    uv_version: str
+    coordinator_port: int
     lock_dir: Path
     poll_seconds: float
     stale_after_seconds: float
     start_timeout_seconds: float
     provision_timeout_seconds: float
+    repair_timeout_seconds: float
+    gcloud_timeout_seconds: float
     stop_grace_seconds: int
     max_relaunches: int
 
@@ -128,6 +132,7 @@ def check(settings: dict[str, Any], name=lambda key: f"launch.tpu.{key}") -> Tpu
     gcloud.check(settings["accelerator_type"], gcloud.ACCELERATOR, name("accelerator_type"))
     gcloud.check(settings["runtime_version"], gcloud.RUNTIME, name("runtime_version"))
     gcloud.check(settings["python"], gcloud.PYTHON, name("python"))
+    gcloud.check(settings["uv_version"], gcloud.VERSION, name("uv_version"))
     code_url = settings["code_url"]
     if (
         not code_url

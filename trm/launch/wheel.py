@@ -74,13 +74,14 @@ def build(version: str, out_dir: Path, repo: Path = REPO) -> Path:
     return wheel
 
 
-def ensure_uploaded(code_url: str, repo: Path = REPO) -> tuple[str, str]:
-    """Upload the wheel of the current sources below `code_url` unless it is there; (version, wheel URL)."""
+def ensure_uploaded(code_url: str, repo: Path = REPO) -> tuple[str, str, str]:
+    """Upload the wheel of the current sources below `code_url` unless it is there; (version, wheel URL, the
+    wheel's sha256: what says whether a host's installed environment is current)."""
     version = code_wheel_version(repo)
     url = storage.join(code_url, wheel_name(version))
     if storage.exists(url):
-        return version, url
+        return version, url, hashlib.sha256(storage.read_bytes(url)).hexdigest()
     with tempfile.TemporaryDirectory(prefix="trm-wheel-out-") as out:
-        wheel = build(version, Path(out), repo)
-        storage.write_bytes(url, wheel.read_bytes())
-    return version, url
+        data = build(version, Path(out), repo).read_bytes()
+        storage.write_bytes(url, data)
+    return version, url, hashlib.sha256(data).hexdigest()
