@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -114,7 +115,7 @@ def estimates(output: str, part: str) -> dict[str, float]:
     lines = output.splitlines()
     found = {}
     for i, line in enumerate(lines):
-        if ": train exp" in line:
+        if re.search(r": train \w+: estimated", line):
             (labelled,) = [x for x in lines[i + 1 : i + 3] if x.strip().startswith(f"{part}:")]
             found[line.split("train ")[1].split(":")[0]] = float(labelled.split(":")[1].split()[0])
     return found

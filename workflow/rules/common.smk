@@ -232,30 +232,31 @@ def _estimates():
 
 ESTIMATED_HOURS, COMPILED = _estimates()
 _DEVICE_HOURS = f"{config['accelerator']['name']}-hours"
-_TOTALS = {
-    part: sum(ESTIMATED_HOURS[first][part] for first in FIRST_WITH_HASH.values()) for part in ("training", "evaluation")
-}
-_COMPILED_RUNS = sum(first in COMPILED for first in FIRST_WITH_HASH.values())
-_ASSUMED = f"an assumed {config['accelerator']['utilization']:.0%} of peak"
-print(
-    f"TRM study, scale {config['scale']}: {len(PLAN) - len(REFERENCES)} experiments in {len(SELECTED_GROUPS)} groups"
-    f"{f' and {len(REFERENCES)} reference' if REFERENCES else ''}, "
-    f"{len(DATASETS)} datasets, {len(FIRST_WITH_HASH)} distinct runs; estimated at "
-    + (
-        f"{_ASSUMED}:\n"
-        if not _COMPILED_RUNS
-        else f"their compiled steps' roofline times for {_COMPILED_RUNS} runs (a best case; snakemake compile_check), "
-        f"at {_ASSUMED} for {len(FIRST_WITH_HASH) - _COMPILED_RUNS}:\n"
+def _plan_summary():
+    """The study's line of the dry run, then its training and evaluation hours."""
+    runs = list(FIRST_WITH_HASH.values())
+    compiled = sum(first in COMPILED for first in runs)
+    assumed = f"an assumed {config['accelerator']['utilization']:.0%} of peak"
+    source = (
+        f"at {assumed}"
+        if not compiled
+        else f"at their compiled steps' roofline times for {compiled} runs (a best case; snakemake compile_check), "
+        f"at {assumed} for {len(runs) - compiled}"
     )
-    + "".join(
-        f"  {part + ':':<12}{hours:.4g} {_DEVICE_HOURS} "
-        f"({sum(ESTIMATED_HOURS[e][part] / job_devices(e) for e in FIRST_WITH_HASH.values()):.4g} h of jobs "
-        + (f"on {DEVICES} devices each)\n" if len({job_devices(e) for e in PLAN}) == 1 else "each on its own devices)\n")
-        for part, hours in _TOTALS.items()
-    ),
-    end="",
-    file=sys.stderr,
-)
+    references = f" and {len(REFERENCES)} reference" if REFERENCES else ""
+    lines = [
+        f"TRM study, scale {config['scale']}: {len(PLAN) - len(REFERENCES)} experiments in {len(SELECTED_GROUPS)} "
+        f"groups{references}, {len(DATASETS)} datasets, {len(runs)} distinct runs; estimated {source}:"
+    ]
+    shapes = f"on {DEVICES} devices each" if len({job_devices(e) for e in PLAN}) == 1 else "each on its own devices"
+    for part in ("training", "evaluation"):
+        hours = sum(ESTIMATED_HOURS[first][part] for first in runs)
+        wall = sum(ESTIMATED_HOURS[first][part] / job_devices(first) for first in runs)
+        lines.append(f"  {f'{part}:':<12}{hours:.4g} {_DEVICE_HOURS} ({wall:.4g} h of jobs {shapes})")
+    return "\n".join(lines)
+
+
+print(_plan_summary(), file=sys.stderr)
 
 
 def first_with_same_run(exp_id):
