@@ -292,7 +292,7 @@ def _gib(n: float) -> str:
 
 
 def table(ids: list[str], overrides: list[str], chip: Accelerator, cache: Path) -> str:
-    """A Markdown table, one row per experiment, of the figures kept in `cache` (a dash where none are yet)."""
+    """A Markdown table, one row per experiment, of the figures kept in `cache` ("not compiled yet" where none are)."""
     rows = [
         "| experiment | step | train HBM/chip | train step (roofline) | MFU at most | eval HBM/chip | eval step "
         "| compile (train + eval) |",
@@ -315,7 +315,11 @@ def table(ids: list[str], overrides: list[str], chip: Accelerator, cache: Path) 
             f"| {exp_id} | {step} | {total_bytes(train) / GIB:.1f} GiB{fits} "
             f"| {1e3 * roofline_seconds(train, chip):.0f} ms ({_bound(train, chip)}) | {100 * mfu(train, chip):.0f}% "
             f"| {total_bytes(evaluation) / GIB:.1f} GiB | {1e3 * roofline_seconds(evaluation, chip):.0f} ms "
-            f"| {train['compile_seconds']:.0f} + {evaluation['compile_seconds']:.0f} s |"
+            + (
+                f"| {train['compile_seconds']:.0f} + {evaluation['compile_seconds']:.0f} s |"
+                if shared == exp_id
+                else "| |"
+            )
         )
     return "\n".join(rows)
 
