@@ -4,6 +4,7 @@
 # Shell commands: settings are shared files (profiles, study files), so none may become shell code. Every
 # placeholder in a rule's shell command is quoted with `:q` (a list: each item quoted), and params hold plain
 # values or argument lists, never pre-joined command text (tests/test_workflow_quoting.py checks both).
+import functools
 import os
 import sys
 
@@ -11,9 +12,10 @@ import yaml
 
 from snakemake.exceptions import WorkflowError
 
-from trm.config import dump_config, experiment_ids
+from trm.config import dump_config, experiment_ids, experiment_path, load_config
 from trm.errors import UserError
 from trm.launch import tpu_options
+from trm.launch.accelerators import step_hash
 from trm.launch.local import one_thread_per_job
 from trm.run import layout
 from trm.storage import GCS_SCHEMES, check_url, write_text
@@ -197,6 +199,17 @@ for _exp in PLAN.values():
 def compile_dir(exp_id):
     """`trm compile-check`'s figures of the experiment's accelerator (the compile_check target, compile.smk)."""
     return os.path.join(config["results"], "compile", job_launch(exp_id)["tpu"]["accelerator_type"])
+
+
+@functools.cache
+def compile_steps():
+    """Compile result file -> the first selected experiment with that accelerator and paper-scale step (read only
+    when compiling)."""
+    steps = {}
+    for exp_id in PLAN:
+        step = step_hash(load_config(experiment_path(exp_id, "config/experiments")))
+        steps.setdefault(os.path.join(compile_dir(exp_id), f"{step}.json"), exp_id)
+    return steps
 
 
 def _compiled_seconds(exp):
