@@ -109,11 +109,11 @@ def test_one_experiment_by_output_path_or_config_and_one_group(workdir):
 
 def estimates(output: str, part: str) -> dict[str, float]:
     """Per job of a dry run's output: the device-hours on its line labelled `part` (training or evaluation),
-    one of the two lines after the job's "train EXP:" line."""
+    one of the two lines after the job's "train EXP: estimated" line."""
     lines = output.splitlines()
     found = {}
     for i, line in enumerate(lines):
-        if ": train exp" in line:
+        if ": train " in line and ": estimated on" in line:
             (labelled,) = [x for x in lines[i + 1 : i + 3] if x.strip().startswith(f"{part}:")]
             found[line.split("train ")[1].split(":")[0]] = float(labelled.split(":")[1].split()[0])
     return found
