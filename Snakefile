@@ -3,6 +3,7 @@
 #   snakemake --cores 2 all                       everything: datasets, runs, table, plots
 #   snakemake --cores 2 --config experiments=[exp01a]   one experiment (or groups=[exp01] for one group)
 #   snakemake --report results/report.html        HTML report with the plots and the table
+#   snakemake compile_check                       compile every step for the TPU slice: does it fit, how fast
 # Settings: config/config.yaml (local defaults), profiles/default/ (applied everywhere).
 
 configfile: "config/config.yaml"
@@ -12,6 +13,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/analysis.smk"
+include: "workflow/rules/compile.smk"
 
 
 report: "workflow/report/workflow.rst"
@@ -25,6 +27,8 @@ localrules:
     aggregate,
     verdicts,
     plot_group,
+    compile_check,
+    compile_step,
 
 
 

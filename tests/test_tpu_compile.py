@@ -1,14 +1,15 @@
-"""The real train and evaluation steps compile for a TPU v4-64 topology, here on the CPU (no TPU needed).
+"""The real train and evaluation steps compile for TPU v4 topologies, here on the CPU (no TPU needed), through
+`trm compile-check`'s own code (trm/launch/compile_check.py `compile_steps`).
 
 libtpu (pulled by the `dev` extra as jax[tpu]) compiles for a topology description: the compiler a slice runs,
-the technique of MaxText's ahead-of-time compilation. The state and batch are
-abstract (`abstract_state`, `abstract_batch`): nothing is allocated. The compile runs in a subprocess, so libtpu
-never becomes a backend of the test session's JAX.
+the technique of MaxText's ahead-of-time compilation. The state and batch are abstract (`abstract_state`,
+`abstract_batch`): nothing is allocated. The compile runs in a subprocess, so libtpu never becomes a backend of
+the test session's JAX.
 
 Why it matters: libtpu 0.0.42.1's algebraic simplifier emits invalid HLO for a dot whose operand is a row
 broadcast of a vector (e.g. the gradient of `(h[:, 0] @ w)[:, 0].sum()` at a few hundred rows, on any number of
-devices), an error no CPU test can see; our steps have no such dot, and this test keeps it so. And "one
-all-reduce per step" holds on TPU only because the step writes it out (XLA's own partitioning made three).
+4 or more devices), an error no CPU test can see; our steps have no such dot, and this test keeps it so. And
+"one all-reduce per step" holds on TPU only because the step writes it out (XLA's own partitioning made three).
 """
 
 from __future__ import annotations
@@ -21,80 +22,50 @@ import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TOPOLOGY = "v4:2x4x4"  # a v4-64: 32 devices (megacore chips), 8 hosts of 2x2x1 chips
-# A tiny model in the paper's forward dtype; 256 rows = 8 per device (4 per micro-batch part).
-TINY = {
-    "arch.hidden_size": 32,
-    "arch.num_heads": 2,
-    "arch.L_layers": 1,
-    "arch.H_cycles": 2,
-    "arch.L_cycles": 1,
-    "arch.forward_dtype": "bfloat16",
-    "train.global_batch_size": 256,
-    "train.eval_steps": 2,
+# Tiny models in the paper's forward dtype. Wide enough (128) that matmuls dominate the FLOPs, as at paper
+# scale, so the compiler's count and the analytic one (which ignores elementwise work) can be compared.
+TINY = [
+    "arch.hidden_size=128",
+    "arch.num_heads=2",
+    "arch.L_layers=1",
+    "arch.H_cycles=2",
+    "arch.L_cycles=1",
+    "arch.forward_dtype=bfloat16",
+]
+# (accelerator, overrides): plain on a v4-8 (4 devices, one host); accumulation with remat on a v4-64
+# (32 devices, 8 hosts of 2x2x1 chips), 8 rows per device (4 per micro-batch part).
+CASES = {
+    "plain": ("v4-8", ["train.global_batch_size=64"]),
+    "accumulate_remat": (
+        "v4-64",
+        ["train.global_batch_size=256", "train.micro_batches=2", "train.remat=true"],
+    ),
 }
-VARIANTS = {"plain": {}, "accumulate_remat": {"train.micro_batches": 2, "train.remat": True}}
 
 COMPILE = textwrap.dedent(
     r"""
-    import json, re, sys, time
-    import jax, numpy as np
-    from jax.experimental import topologies
-    from jax.sharding import Mesh
-    from trm.config import load_config
-    from trm.data.format import sudoku_metadata
-    from trm.run.distributed import DATA_AXIS, replicated
-    from trm.model.config import ModelConfig
-    from trm.train.evaluator import Evaluator
-    from trm.train.step import Model, TrainStep, abstract_batch, abstract_state
+    import json, sys
+    from trm.config import experiment_path, load_config
+    from trm.launch.accelerators import accelerator
+    from trm.launch.compile_check import compile_steps, topology_devices
 
-    topology, tiny, variants = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
-    devices = topologies.get_topology_desc(
-        topology_name=topology, platform="tpu", chip_config_name="megacore",
-        chips_per_host_bounds=(2, 2, 1), num_slices=1,
-    ).devices
-    mesh = Mesh(np.array(devices), (DATA_AXIS,))
-
-    def summary(lowered):
-        start = time.perf_counter()
-        compiled = lowered.compile()
-        hlo = compiled.as_text()
-        ops = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-        return {
-            "collectives": {op: len(re.findall(rf"\b{op}(?:-start)?\(", hlo)) for op in ops},
-            "temp_bytes": compiled.memory_analysis().temp_size_in_bytes,
-            "compile_seconds": round(time.perf_counter() - start, 1),
-        }
-
-    out = {"devices": len(devices), "kind": devices[0].device_kind, "hosts": len({d.process_index for d in devices})}
-    for name, extra in variants.items():
-        sets = {**tiny, **extra}
-        config = load_config("config/base.yaml", [f"{k}={v}" for k, v in sets.items()], base=None)
-        cfg = ModelConfig.from_dict(config["arch"], sudoku_metadata(1))
-        model = Model(cfg, seed=0)
-        rows = config["train"]["global_batch_size"]
-        state = abstract_state(model, config, 10, rows, mesh)
-        batch = abstract_batch(cfg, rows, mesh)
-        prob = jax.ShapeDtypeStruct((), np.float32, sharding=replicated(mesh))
-        step = TrainStep(model, config, total_steps=10, mesh=mesh)
-        out[name] = summary(step.lower(state, batch, prob, (cfg.H_cycles, cfg.L_cycles)))
-    evaluator = Evaluator(model, (config["train"]["eval_steps"],), mesh)
-    weights = jax.tree.map(
-        lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated(mesh)),
-        (state.params, state.puzzle_emb, state.buffers),
-    )
-    out["eval"] = summary(evaluator.lower(weights, batch))
+    tiny, cases = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+    out = {}
+    for name, (chip, sets) in cases.items():
+        devices = topology_devices(accelerator(chip))
+        out[name] = compile_steps(load_config(experiment_path("exp01c"), tiny + sets), accelerator(chip))
+        out[name]["topology"] = [devices[0].device_kind, len({d.process_index for d in devices})]
     print(json.dumps(out))
     """
 )
 
 
-def test_real_steps_compile_for_a_v4_64_with_one_all_reduce_per_train_step():
+def test_real_steps_compile_for_v4_slices_with_one_all_reduce_and_the_analytic_flops():
     env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}  # TPU programs: no cache
     # libtpu otherwise takes a machine-wide lock (/tmp/libtpu_lockfile), held while any process uses it.
     env.update(JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
     done = subprocess.run(
-        [sys.executable, "-c", COMPILE, TOPOLOGY, json.dumps(TINY), json.dumps(VARIANTS)],
+        [sys.executable, "-c", COMPILE, json.dumps(TINY), json.dumps(CASES)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -103,13 +74,27 @@ def test_real_steps_compile_for_a_v4_64_with_one_all_reduce_per_train_step():
     )
     assert done.returncode == 0, done.stderr[-4000:]
     out = json.loads(done.stdout.splitlines()[-1])
-    assert (out["devices"], out["kind"], out["hosts"]) == (32, "TPU v4", 8), out
+    assert (out["plain"]["devices"], out["plain"]["topology"]) == (4, ["TPU v4", 1]), out["plain"]
+    shape = (out["accumulate_remat"]["devices"], out["accumulate_remat"]["topology"])
+    assert shape == (32, ["TPU v4", 8]), out["accumulate_remat"]
 
-    for name in VARIANTS:
+    for name in CASES:
         # One explicit all-reduce per step (gradients, metric sums, touched puzzle rows), also with
         # accumulation; XLA left to itself all-reduced every part's gradients, most of them in bfloat16.
-        collectives = out[name]["collectives"]
-        assert collectives["all-reduce"] == 1 and sum(collectives.values()) == 1, (name, out[name])
-    # The one evaluator's step moves nothing between devices: its per-puzzle statistics stay on their device
-    # until the host gathers them.
-    assert sum(out["eval"]["collectives"].values()) == 0, out["eval"]
+        collectives = out[name]["train"]["collectives"]
+        assert collectives["all-reduce"] == 1 and sum(collectives.values()) == 1, (name, collectives)
+        # The one evaluator's step moves nothing between devices: its per-puzzle statistics stay on their
+        # device until the host gathers them.
+        assert sum(out[name]["eval"]["collectives"].values()) == 0, (name, out[name]["eval"])
+
+    # The compiler's FLOPs per chip against trm/model/flops.py's count (`trm model-info`) for the chip's rows.
+    # Integer counts of a fixed program, no rounding noise: the analytic count has the matmuls only (and the
+    # lm_head on all 97 positions where the model runs it on the 81 cells), so the compiler's is a few
+    # percent above it at width 128 (elementwise work grows with the width, matmuls with its square).
+    for step in ("train", "eval"):
+        plain = out["plain"][step]
+        assert 1.0 <= plain["flops"] / plain["model_flops"] < 1.05, (step, plain)
+    # With accumulation the compiled loop body is counted once per micro-batch; remat adds the recomputed
+    # forward of the differentiated recursion (at most one more forward of it: 1 + 1/3 of the train FLOPs).
+    accumulated = out["accumulate_remat"]["train"]
+    assert 1.0 <= accumulated["flops"] / accumulated["model_flops"] < 1.4, accumulated

@@ -31,6 +31,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "trm.launch.preflight",
         "Check gcloud, credentials, bucket, TPU API, slices, ssh for a TPU study.",
     ),
+    "compile-check": (
+        "trm.launch.compile_check",
+        "Compile experiments' train and eval steps for a TPU slice: HBM per chip, step time, MFU.",
+    ),
     "guides": ("trm.study.guides", "Write the study guides (docs/experiments/) from config/groups.yaml."),
     "status": ("trm.study.status", "Show every run in storage: state, progress, accuracy, time to finish."),
     "collect-run": ("trm.analysis.collect", "Copy a finished run's config, metrics and final.json locally."),

@@ -8,6 +8,10 @@ test-time step counts (the smaller counts are recorded on the way, trm/train/tes
 is computed, so the puzzles are rounded up to whole batches.
 Accelerator-hours = FLOPs / (peak FLOP/s per device x utilization) / 3600; the number of devices changes the
 wall time, not the device-hours. Compilation and input pipeline time are not included.
+
+Where `trm compile-check` has compiled a run's steps for the slice (the workflow's `compile_check` target),
+`compiled_step_seconds` gives their roofline times instead, and `compiled_run_hours` the run's chip-hours at
+those times: a best case, as a roofline is (docs/tpu.md), where the assumed utilization is a guess.
 """
 
 from __future__ import annotations
@@ -101,3 +105,30 @@ class CostCache:
             json.dump(self.entries, stream, indent=1, sort_keys=True)
         os.replace(tmp, self.path)
         self.changed = False
+
+
+def compiled_step_seconds(config: dict, compile_dir: str | Path) -> dict | None:
+    """{"train": s, "eval": s}: roofline seconds of one train step and one evaluation step (a batch of
+    global_batch_size rows) from the figures `trm compile-check --cache compile_dir` kept for this config's
+    step, or None when it has not been compiled."""
+    from trm.launch.accelerators import accelerator, step_hash
+    from trm.launch.compile_check import roofline_seconds
+
+    path = Path(compile_dir) / f"{step_hash(config)}.json"
+    if not path.exists():
+        return None
+    figures = json.loads(path.read_text())
+    chip = accelerator(figures["accelerator"])
+    return {step: roofline_seconds(figures[step], chip) for step in ("train", "eval")}
+
+
+def compiled_run_hours(
+    config: dict, seconds: dict, devices: int, test_puzzles: int, test_time_steps: Sequence[int]
+) -> dict[str, float]:
+    """Device-hours of a run's training and of its evaluations (`evaluation_passes`, in batches of
+    global_batch_size rows) when its steps take `seconds` (compiled_step_seconds) on each of `devices`."""
+    batch = config["train"]["global_batch_size"]
+    passes = evaluation_passes(config, test_puzzles, test_time_steps).values()
+    evaluation = sum(count * (rows // batch) * steps for count, rows, steps in passes) * seconds["eval"]
+    training = training_steps(config) * seconds["train"]
+    return {"training": training * devices / 3600.0, "evaluation": evaluation * devices / 3600.0}

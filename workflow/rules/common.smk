@@ -17,7 +17,15 @@ from trm.launch import tpu_options
 from trm.run import layout
 from trm.storage import GCS_SCHEMES, check_url, write_text
 from trm.storage import join as url_join
-from trm.study.estimate import CostCache, accelerator_hours, evaluation_flops, evaluation_passes, training_flops
+from trm.study.estimate import (
+    CostCache,
+    accelerator_hours,
+    compiled_run_hours,
+    compiled_step_seconds,
+    evaluation_flops,
+    evaluation_passes,
+    training_flops,
+)
 from trm.study.groups import REFERENCE_GROUP
 from trm.study.plan import check_batches, parse_dataset_name, plan_study
 from trm.study.scale import SMOKE_POOL, TEST_PUZZLES
@@ -181,15 +189,32 @@ for _exp in PLAN.values():
     FIRST_WITH_HASH.setdefault(_exp.hash, _exp.id)
 
 
+def compile_dir(exp_id):
+    """`trm compile-check`'s figures of the experiment's accelerator (the compile_check target, compile.smk)."""
+    return os.path.join(config["results"], "compile", job_launch(exp_id)["tpu"]["accelerator_type"])
+
+
+def _compiled_seconds(exp):
+    """The roofline step times of a run on the TPU slice, when its steps have been compiled for it; else None."""
+    if config["launch"]["backend"] != "tpu-vm" or config["scale"] != "paper":
+        return None
+    return compiled_step_seconds(exp.config, compile_dir(exp.id))
+
+
 def _estimates():
-    """Estimated accelerator-hours of each experiment's training and of its evaluations, from their FLOPs and
-    batch (model costs cached by config hash)."""
+    """Estimated accelerator-hours of each experiment's training and of its evaluations, and the experiments whose
+    figures are compiled: from the roofline times of its compiled steps where there are, else from their FLOPs
+    and batch at the assumed utilization (model costs cached by config hash)."""
     cache = CostCache(os.path.join(config["results"], ".cache", "model-costs.json"))
     accel = config["accelerator"]
     test_puzzles = TEST_PUZZLES[config["scale"]]
     steps = config["test_time_steps"][config["scale"]]
-    hours = {}
+    hours, compiled = {}, set()
     for exp in PLAN.values():
+        if seconds := _compiled_seconds(exp):
+            hours[exp.id] = compiled_run_hours(exp.config, seconds, job_devices(exp.id), test_puzzles, steps)
+            compiled.add(exp.id)
+            continue
         costs = cache.costs(exp.hash, exp.config)
         flops = {
             "training": training_flops(exp.config, costs),
@@ -197,19 +222,26 @@ def _estimates():
         }
         hours[exp.id] = {k: accelerator_hours(v, accel["peak_flops"], accel["utilization"]) for k, v in flops.items()}
     cache.save()
-    return hours
+    return hours, compiled
 
 
-ESTIMATED_HOURS = _estimates()
+ESTIMATED_HOURS, COMPILED = _estimates()
 _DEVICE_HOURS = f"{config['accelerator']['name']}-hours"
 _TOTALS = {
     part: sum(ESTIMATED_HOURS[first][part] for first in FIRST_WITH_HASH.values()) for part in ("training", "evaluation")
 }
+_COMPILED_RUNS = sum(first in COMPILED for first in FIRST_WITH_HASH.values())
+_ASSUMED = f"an assumed {config['accelerator']['utilization']:.0%} of peak"
 print(
     f"TRM study, scale {config['scale']}: {len(PLAN) - len(REFERENCES)} experiments in {len(SELECTED_GROUPS)} groups"
     f"{f' and {len(REFERENCES)} reference' if REFERENCES else ''}, "
     f"{len(DATASETS)} datasets, {len(FIRST_WITH_HASH)} distinct runs; estimated at "
-    f"{config['accelerator']['utilization']:.0%} of peak:\n"
+    + (
+        f"{_ASSUMED}:\n"
+        if not _COMPILED_RUNS
+        else f"their compiled steps' roofline times for {_COMPILED_RUNS} runs (a best case; snakemake compile_check), "
+        f"at {_ASSUMED} for {len(FIRST_WITH_HASH) - _COMPILED_RUNS}:\n"
+    )
     + "".join(
         f"  {part + ':':<12}{hours:.4g} {_DEVICE_HOURS} "
         f"({sum(ESTIMATED_HOURS[e][part] / job_devices(e) for e in FIRST_WITH_HASH.values()):.4g} h of jobs "
@@ -288,8 +320,13 @@ def estimate_message(wildcards):
     count, rows, steps = passes["intermediate"]
     _, final_rows, final_steps = passes["final"]
     devices = job_devices(wildcards.exp)
+    source = (
+        "at its compiled steps' roofline times, a best case"
+        if wildcards.exp in COMPILED
+        else f"from its FLOPs and batch at an assumed {config['accelerator']['utilization']:.0%} of peak"
+    )
     return (
-        f"train {wildcards.exp}: estimated on the job's {devices} devices\n"
+        f"train {wildcards.exp}: estimated on the job's {devices} devices, {source}\n"
         f"    training:   {hours['training']:.4g} {_DEVICE_HOURS} ({hours['training'] / devices:.3g} h on them)\n"
         f"    evaluation: {hours['evaluation']:.4g} {_DEVICE_HOURS} ({hours['evaluation'] / devices:.3g} h on them): "
         f"{count} x {rows} rows x {steps} steps during training, {final_rows} rows x {final_steps} steps at the end "

@@ -1,0 +1,75 @@
+"""TPU facts, defined once: each supported slice's topology and hosts, and a chip's HBM, peak FLOP/s and bandwidth.
+
+Used by `trm compile-check` (compiling for a slice's topology on this machine) and by the plan's chip-hours
+(trm/study/estimate.py). Also the part of a run config a compiled train or evaluation step depends on
+(`step_config`): experiments that differ only in learning rate, epochs, seeds or data size share one compile.
+No JAX import here: the workflow's dry run reads this module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from trm.errors import UserError
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """One slice type. A "device" is what JAX sees: a v4 chip in megacore mode (its two TensorCores as one)."""
+
+    name: str  # the Cloud TPU accelerator type, e.g. "v4-64"
+    topology: str  # for jax.experimental.topologies.get_topology_desc, e.g. "v4:2x4x4"
+    chips: int
+    chips_per_host_bounds: tuple[int, int, int]
+    chip_config: str  # "megacore": one JAX device per chip
+    hbm_bytes: int  # per chip
+    peak_flops: float  # per chip, bf16 matmul FLOP/s
+    hbm_bytes_per_second: float  # per chip
+
+    @property
+    def hosts(self) -> int:
+        per_host = (
+            self.chips_per_host_bounds[0] * self.chips_per_host_bounds[1] * self.chips_per_host_bounds[2]
+        )
+        return self.chips // per_host
+
+
+def _v4(chips: int, topology: str) -> Accelerator:
+    # TPU v4 (platform.md): 32 GiB HBM2 per chip at 1.2 TB/s, 275 TFLOP/s bf16; 4 chips (2x2x1) per host.
+    return Accelerator(
+        f"v4-{2 * chips}", f"v4:{topology}", chips, (2, 2, 1), "megacore", 32 * GIB, 275e12, 1.2e12
+    )
+
+
+# Cloud TPU v4 names count TensorCores (two per chip): a v4-64 is 32 chips.
+ACCELERATORS: dict[str, Accelerator] = {
+    a.name: a
+    for a in (_v4(4, "2x2x1"), _v4(8, "2x2x2"), _v4(16, "2x2x4"), _v4(32, "2x4x4"), _v4(64, "4x4x4"))
+}
+
+
+def accelerator(name: str) -> Accelerator:
+    if name not in ACCELERATORS:
+        raise UserError(f"unknown accelerator {name!r}: supported are {', '.join(ACCELERATORS)}")
+    return ACCELERATORS[name]
+
+
+def step_config(config: dict) -> dict:
+    """What the compiled train and evaluation steps of a run config depend on: the architecture (but not the
+    exploration probability, an input of the step), the optimizer's kind and EMA, the batch and how it is split.
+    Learning rates, schedules, epochs, seeds and data sizes change constants or the number of steps, not the
+    program's shapes, memory or FLOPs."""
+    arch = {k: v for k, v in config["arch"].items() if k != "halt_exploration_prob"}
+    optim = {k: config["optim"][k] for k in ("optimizer", "ema")}
+    train = {k: config["train"][k] for k in ("global_batch_size", "micro_batches", "remat")}
+    return {"arch": arch, "optim": optim, "train": train}
+
+
+def step_hash(config: dict) -> str:
+    """First 12 hex digits of the sha256 of `step_config`: the name of a compile's cached figures."""
+    text = json.dumps(step_config(config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -1,0 +1,51 @@
+# Compile before paying: every selected experiment's paper-scale train and evaluation steps compiled for its slice
+# type (launch.tpu.accelerator_type, or its launch.per_experiment one) on this machine (trm compile-check; libtpu,
+# no TPU). Experiments whose steps are the same program (same architecture, batch, micro-batches, remat, optimizer;
+# trm/launch/accelerators.py step_config) share one compile, kept as RESULTS/compile/<accelerator>/<step hash>.json
+# (compile_dir in common.smk); the dry run's chip-hours then use the
+# compiled steps' roofline times. A step that does not fit a chip's HBM fails its job, naming what to change.
+#   snakemake --profile tpu-v4-64 compile_check   (or without a profile: the same paper-scale steps)
+import functools
+
+from trm.config import experiment_path, load_config
+from trm.launch.accelerators import step_hash
+
+
+@functools.cache
+def compile_steps():
+    """Compile result file -> the first selected experiment with that accelerator and paper-scale step (read only
+    when compiling)."""
+    steps = {}
+    for exp_id in PLAN:
+        step = step_hash(load_config(experiment_path(exp_id, "config/experiments")))
+        steps.setdefault(os.path.join(compile_dir(exp_id), f"{step}.json"), exp_id)
+    return steps
+
+
+rule compile_check:
+    input:
+        lambda wildcards: list(compile_steps()),
+
+
+rule compile_step:
+    output:
+        os.path.join(config["results"], "compile", "{accelerator}", "{step}.json"),
+    wildcard_constraints:
+        step="[0-9a-f]{12}",
+    params:
+        trm=TRM,
+        exp=lambda wildcards, output: compile_steps()[output[0]],
+        folder=lambda wildcards, output: os.path.dirname(output[0]),
+    message:
+        "compile-check {params.exp} for a {wildcards.accelerator} (minutes at paper scale)"
+    resources:
+        # A paper-scale compile peaks at about 5.4 GB of RAM (exp01c): `--resources mem_mb=N` bounds how many run.
+        mem_mb=6000,
+    conda:
+        SOFTWARE
+    log:
+        os.path.join(config["results"], "compile", "{accelerator}", "logs", "{step}.log"),
+    shell:
+        # Low priority: a compile takes minutes of CPU on the controller, beside running jobs.
+        "nice -n 10 {params.trm:q} compile-check {params.exp:q} --accelerator {wildcards.accelerator:q} "
+        "--cache {params.folder:q} > {log:q} 2>&1"
