@@ -4,6 +4,7 @@
 # Shell commands: settings are shared files (profiles, study files), so none may become shell code. Every
 # placeholder in a rule's shell command is quoted with `:q` (a list: each item quoted), and params hold plain
 # values or argument lists, never pre-joined command text (tests/test_workflow_quoting.py checks both).
+import functools
 import os
 import sys
 
@@ -11,9 +12,10 @@ import yaml
 
 from snakemake.exceptions import WorkflowError
 
-from trm.config import dump_config, experiment_ids
+from trm.config import dump_config, experiment_ids, experiment_path, load_config
 from trm.errors import UserError
 from trm.launch import tpu_options
+from trm.launch.accelerators import step_hash
 from trm.run import layout
 from trm.storage import GCS_SCHEMES, check_url, write_text
 from trm.storage import join as url_join
@@ -194,6 +196,17 @@ def compile_dir(exp_id):
     return os.path.join(config["results"], "compile", job_launch(exp_id)["tpu"]["accelerator_type"])
 
 
+@functools.cache
+def compile_steps():
+    """Compile result file -> the first selected experiment with that accelerator and paper-scale step (read only
+    when compiling; the compile_check target, compile.smk)."""
+    steps = {}
+    for exp_id in PLAN:
+        step = step_hash(load_config(experiment_path(exp_id, "config/experiments")))
+        steps.setdefault(os.path.join(compile_dir(exp_id), f"{step}.json"), exp_id)
+    return steps
+
+
 def _compiled_seconds(exp):
     """The roofline step times of a run on the TPU slice, when its steps have been compiled for it; else None."""
     if config["launch"]["backend"] != "tpu-vm" or config["scale"] != "paper":
@@ -232,25 +245,25 @@ _TOTALS = {
 }
 _COMPILED_RUNS = sum(first in COMPILED for first in FIRST_WITH_HASH.values())
 _ASSUMED = f"an assumed {config['accelerator']['utilization']:.0%} of peak"
-print(
+_ESTIMATE_BASIS = (
+    f"{_ASSUMED}"
+    if not _COMPILED_RUNS
+    else f"their compiled steps' roofline times for {_COMPILED_RUNS} runs (a best case; snakemake compile_check), "
+    f"at {_ASSUMED} for {len(FIRST_WITH_HASH) - _COMPILED_RUNS}"
+)
+_JOB_DEVICES = f"on {DEVICES} devices each" if len({job_devices(e) for e in PLAN}) == 1 else "each on its own devices"
+_STUDY_LINES = [
     f"TRM study, scale {config['scale']}: {len(PLAN) - len(REFERENCES)} experiments in {len(SELECTED_GROUPS)} groups"
-    f"{f' and {len(REFERENCES)} reference' if REFERENCES else ''}, "
-    f"{len(DATASETS)} datasets, {len(FIRST_WITH_HASH)} distinct runs; estimated at "
-    + (
-        f"{_ASSUMED}:\n"
-        if not _COMPILED_RUNS
-        else f"their compiled steps' roofline times for {_COMPILED_RUNS} runs (a best case; snakemake compile_check), "
-        f"at {_ASSUMED} for {len(FIRST_WITH_HASH) - _COMPILED_RUNS}:\n"
-    )
-    + "".join(
-        f"  {part + ':':<12}{hours:.4g} {_DEVICE_HOURS} "
+    f"{f' and {len(REFERENCES)} reference' if REFERENCES else ''}, {len(DATASETS)} datasets, "
+    f"{len(FIRST_WITH_HASH)} distinct runs; estimated at {_ESTIMATE_BASIS}:",
+    *(
+        f"  {f'{part}:':<12}{hours:.4g} {_DEVICE_HOURS} "
         f"({sum(ESTIMATED_HOURS[e][part] / job_devices(e) for e in FIRST_WITH_HASH.values()):.4g} h of jobs "
-        + (f"on {DEVICES} devices each)\n" if len({job_devices(e) for e in PLAN}) == 1 else "each on its own devices)\n")
+        f"{_JOB_DEVICES})"
         for part, hours in _TOTALS.items()
     ),
-    end="",
-    file=sys.stderr,
-)
+]
+print("\n".join(_STUDY_LINES), file=sys.stderr)
 
 
 def first_with_same_run(exp_id):

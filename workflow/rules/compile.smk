@@ -2,26 +2,9 @@
 # type (launch.tpu.accelerator_type, or its launch.per_experiment one) on this machine (trm compile-check; libtpu,
 # no TPU). Experiments whose steps are the same program (same architecture, batch, micro-batches, remat, optimizer;
 # trm/launch/accelerators.py step_config) share one compile, kept as RESULTS/compile/<accelerator>/<step hash>.json
-# (compile_dir in common.smk); the dry run's chip-hours then use the
+# (compile_steps and compile_dir in common.smk); the dry run's chip-hours then use the
 # compiled steps' roofline times. A step that does not fit a chip's HBM fails its job, naming what to change.
 #   snakemake --profile tpu-v4-64 compile_check   (or without a profile: the same paper-scale steps)
-import functools
-
-from trm.config import experiment_path, load_config
-from trm.launch.accelerators import step_hash
-
-
-@functools.cache
-def compile_steps():
-    """Compile result file -> the first selected experiment with that accelerator and paper-scale step (read only
-    when compiling)."""
-    steps = {}
-    for exp_id in PLAN:
-        step = step_hash(load_config(experiment_path(exp_id, "config/experiments")))
-        steps.setdefault(os.path.join(compile_dir(exp_id), f"{step}.json"), exp_id)
-    return steps
-
-
 rule compile_check:
     input:
         lambda wildcards: list(compile_steps()),
