@@ -45,7 +45,8 @@ def test_profile_dry_run_needs_no_gcloud_and_shows_tpu_hours(tmp_path):
     # Per job, training and evaluation on labelled lines; the evaluation is one pass to 128 steps on the test
     # split's 423,168 puzzles in whole batches.
     training, evaluation = estimates(output, "training"), estimates(output, "evaluation")
-    assert len(training) == len(evaluation) == 6 and all(hours > 0 for hours in evaluation.values())
+    assert sorted(training) == sorted(evaluation) == [*(f"exp06_{x}" for x in "abcdef"), "ref_paper"]
+    assert all(hours > 0 for hours in evaluation.values())
     assert "x 128 steps at the end" in output and "TPU v4 chip-hours" in output
     assert "scale paper: 6 experiments" in output
     assert "--backend tpu-vm --hosts 8 --devices-per-host 4" in output
