@@ -151,7 +151,9 @@ def _evaluated_on_the_hosts_like_one_process(root: Path, output: str, tmp: Path)
         str(out),
     ]
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "4"}
+    started = time.time()
     one = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    print(f"one-process trm evaluate on 4 CPU devices: {time.time() - started:.1f} s")
     assert one.returncode == 0, one.stderr[-3000:]
     one_process = json.loads(out.read_text())
     assert (one_process["devices"], one_process["batch_size"]) == (4, slice_run["batch_size"])
