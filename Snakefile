@@ -3,7 +3,7 @@
 #   snakemake --cores 2 all                       everything: datasets, runs, table, plots
 #   snakemake --cores 2 --config experiments=[exp01a]   one experiment (or groups=[exp01] for one group)
 #   snakemake --report results/report.html        HTML report with the plots and the table
-#   snakemake compile_check                       compile every step for the TPU slice: does it fit, how fast
+#   snakemake --cores 1 compile_check             compile every step for the TPU slice: does it fit, how fast
 # Settings: config/config.yaml (local defaults), profiles/default/ (applied everywhere).
 
 configfile: "config/config.yaml"

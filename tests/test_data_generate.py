@@ -55,3 +55,11 @@ def test_solver_counts_known_cases():
     clash = np.zeros(81, dtype=np.uint8)
     clash[0] = clash[5] = 4
     assert count_solutions(clash) == 0
+
+
+def test_blanks_sets_the_difficulty_and_keeps_one_solution(puzzles):
+    easy = generate_puzzles(6, seed=11, blanks=30)
+    assert ((easy.questions == 0).sum(axis=1) == 30).all()
+    np.testing.assert_array_equal(easy.answers, puzzles.answers)  # the same grids, fewer cells removed
+    assert consistent(easy.questions, easy.answers).all()
+    assert all(count_solutions(question, limit=2) == 1 for question in easy.questions)

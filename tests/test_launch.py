@@ -14,7 +14,7 @@ import pytest
 
 from trm.cli import main as trm
 from trm.errors import UserError
-from trm.launch.local import host_environment, run_processes
+from trm.launch.local import ONE_THREAD_XLA_FLAGS, host_environment, one_thread_per_job, run_processes
 from trm.run import distributed
 from trm.run.state import read_run
 
@@ -79,6 +79,15 @@ def test_host_environments():
     assert second["TRM_HEARTBEAT_TIMEOUT"] == "5"  # the user's setting wins over the launcher's default
     assert second["TRM_SHUTDOWN_TIMEOUT"] == "10"
     assert base["TRM_COORDINATOR"] == "stale:1"  # the caller's mapping is not modified
+
+
+def test_jobs_of_the_workflow_get_one_xla_thread_and_keep_the_users_flags():
+    environ = {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
+    one_thread_per_job(environ)
+    assert environ["XLA_FLAGS"] == f"--xla_dump_to=/tmp/x {ONE_THREAD_XLA_FLAGS}"
+    own = {"XLA_FLAGS": "intra_op_parallelism_threads=2"}
+    one_thread_per_job(own)
+    assert own == {"XLA_FLAGS": "intra_op_parallelism_threads=2"}  # the user's thread setting wins
 
 
 def _python(code: str) -> list[str]:

@@ -80,3 +80,29 @@ def test_only_the_layout_module_names_the_files_of_a_run_dir():
             if quoted.search(line):
                 named.append(f"{path.relative_to(REPO)}:{number}")
     assert not named, named
+
+
+# Libraries only the computing commands need: `trm --help` and `trm COMMAND --help` must not import them.
+HEAVY = ("jax", "flax", "optax", "orbax", "torch", "pandas", "pyarrow", "matplotlib", "gcsfs")
+HELP_PROBE = """
+import contextlib, io, json, sys
+from trm.cli import COMMANDS, main
+for argv in [["--help"], *([name, "--help"] for name in COMMANDS)]:
+    with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):
+        main(argv)
+    assert "usage: trm" in out.getvalue(), argv
+print(json.dumps([name for name in sys.modules if name.split(".")[0] in HEAVY]))
+"""
+
+
+def test_help_of_every_command_imports_no_heavy_library():
+    import json
+    import subprocess
+    import sys
+
+    probe = f"HEAVY = {HEAVY!r}\n{HELP_PROBE}"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []

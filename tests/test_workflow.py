@@ -27,6 +27,7 @@ from trm.config import config_hash, dump_config, load_config
 from trm.study.estimate import evaluation_flops, evaluation_passes, model_costs, training_flops
 from trm.study.groups import load_groups
 from trm.study.plan import dataset_name, plan_study
+from trm.study.scale import SMOKE, SMOKE_POOL
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -214,7 +215,8 @@ def test_smoke_scale_keeps_what_each_group_varies():
                     range(len(smoke_k)), key=smoke_k.__getitem__
                 ), (group["id"], group["varies"][k])
     widths = [smoke[f"exp01{x}"]["arch"]["hidden_size"] for x in "abcdef"]
-    assert [w * 32 for w in widths] == [paper[f"exp01{x}"]["arch"]["hidden_size"] for x in "abcdef"]
+    divisor = SMOKE["arch.hidden_size"][1]
+    assert [w * divisor for w in widths] == [paper[f"exp01{x}"]["arch"]["hidden_size"] for x in "abcdef"]
 
 
 def test_smoke_datasets_map_one_to_one_and_scale_changes_the_hash():
@@ -309,12 +311,11 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     results = workdir / "results/smoke"
     table = pd.read_csv(results / "table.csv")
     assert list(table["id"]) == ["exp01a", "exp04a_100", "ref_paper"]
-    assert table.loc[0, "varied"] == "hidden_size=8, num_heads=4"
+    width = plan_study("smoke", ["exp01a"])[0].config["arch"]["hidden_size"]
+    assert table.loc[0, "varied"] == f"hidden_size={width}, num_heads=4"
     # The paper-recipe reference: its own row, in no group, drawn and labelled in every group's plots.
     assert (table.loc[2, "group"], table.loc[2, "varied"]) == ("reference", "paper recipe (batch 768)")
-    assert (
-        table.loc[2, "train.global_batch_size"] * 8 == table.loc[0, "train.global_batch_size"]
-    )  # 768 vs 6144
+    assert table.loc[2, "train.global_batch_size"] * 8 == table.loc[0, "train.global_batch_size"]  # 768, 6144
     assert table.loc[1, "data.train_puzzles"] == 2
     assert (table["parameter_count"] > 0).all() and (table["wall_time_s"] > 0).all()
     assert table["test_exact_accuracy"].between(0, 1).all()
@@ -338,7 +339,8 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     assert not test_time["baseline"].any()
     assert test_time["exact_accuracy"].between(0, 1).all() and test_time["accuracy"].between(0, 1).all()
     evaluation = json.loads((results / "eval/exp01a-steps.json").read_text())
-    assert evaluation["results"][0]["count"] == 16 and evaluation["weights"] in ("ema", "params")
+    assert evaluation["results"][0]["count"] == SMOKE_POOL["test"]
+    assert evaluation["weights"] in ("ema", "params")
     # At the training halt limit (16 steps) the test-time figures are the trainer's final test evaluation: one
     # pass records both, so they are equal by construction, not by tolerance. The controller ran no evaluation.
     shell_commands = run.stdout + run.stderr  # printed: profiles/default sets printshellcmds
@@ -370,7 +372,7 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     # The run dir in storage is named by the config hash, and holds the resolved config.
     run_config = json.loads((results / "runs/exp01a/config.json").read_text())
     assert (workdir / f"results/storage/smoke/runs/{table.loc[0, 'config_hash']}/_SUCCESS").exists()
-    assert run_config["arch"]["hidden_size"] == 8
+    assert run_config["arch"]["hidden_size"] == width
 
     report = subprocess.run(
         [SNAKEMAKE, *config, "--report", "report.html"],

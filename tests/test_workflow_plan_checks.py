@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from trm.errors import UserError
-from trm.study.plan import check_batches, plan_study
+from trm.study.plan import check_batches, plan_study, plan_study_cached
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -141,10 +141,16 @@ def test_an_experiment_can_run_on_its_own_accelerator_and_pool(workdir):
     """profiles/tpu-v4-64 runs the paper-recipe reference (batch 768) on a v4-8: its own shape, pool and hours."""
     code, output = dry_run(workdir, *PROFILE, "-p", "--config", BUCKET, "experiments=[exp01c,ref_paper]")
     assert code == 0, output[-3000:]
-    jobs = {line.split("train ")[1].split(":")[0]: line for line in output.splitlines() if ": train " in line}
-    assert "on the job's 4 devices" in jobs["ref_paper"] and "on the job's 32 devices" in jobs["exp01c"]
-    hours = {exp: float(line.split("estimated ")[1].split()[0]) for exp, line in jobs.items()}
+    lines = output.splitlines()
+    jobs = {line.split("train ")[1].split(":")[0]: n for n, line in enumerate(lines) if ": train " in line}
+    assert (
+        "on the job's 4 devices" in lines[jobs["ref_paper"]]
+        and "on the job's 32 devices" in lines[jobs["exp01c"]]
+    )
+    hours = {exp: float(lines[n + 1].split("training:")[1].split()[0]) for exp, n in jobs.items()}
     assert hours["ref_paper"] == pytest.approx(hours["exp01c"], rel=0.01)  # same FLOPs, 8x the wall time
+    wall = {exp: float(lines[n + 1].split("(")[1].split(" h")[0]) for exp, n in jobs.items()}
+    assert wall["ref_paper"] == pytest.approx(8 * wall["exp01c"], rel=0.01)
     launches = [line for line in output.splitlines() if " launch --backend tpu-vm" in line]
     small = [line for line in launches if "--tpu-slices trm-v4-8" in line]
     assert len(launches) == 2 and len(small) == 1
@@ -156,3 +162,20 @@ def test_an_experiment_can_run_on_its_own_accelerator_and_pool(workdir):
     assert code != 0 and "train.global_batch_size=768 must be divisible" in output and "5 devices" in output
     code, output = dry_run(workdir, "--config", "launch={per_experiment: {ref_papr: {hosts: 2}}}")
     assert code != 0 and "launch.per_experiment: no experiment ref_papr" in output
+
+
+def test_the_cached_plan_is_the_plan_and_follows_an_edited_experiment(workdir, tmp_path):
+    experiments, groups = workdir / "config/experiments", workdir / "config/groups.yaml"
+    cache = tmp_path / "plan.json"
+    where = {"experiments_dir": experiments, "groups_path": groups}
+    fresh = plan_study("smoke", ["exp06_a", "exp06_c"], **where)
+    assert (
+        plan_study_cached(cache, "smoke", ["exp06_a", "exp06_c"], **where) == fresh
+    )  # computed, then stored
+    assert plan_study_cached(cache, "smoke", ["exp06_a", "exp06_c"], **where) == fresh  # read back
+    edited = experiments / "exp06_a.yaml"
+    edited.write_text(edited.read_text().replace("global_batch_size: 1536", "global_batch_size: 3072"))
+    replanned = plan_study_cached(cache, "smoke", ["exp06_a", "exp06_c"], **where)
+    assert replanned == plan_study("smoke", ["exp06_a", "exp06_c"], **where)
+    assert replanned[0].hash != fresh[0].hash and replanned[1] == fresh[1]
+    assert plan_study_cached(cache, "smoke", ["exp06_c"], **where) == fresh[1:]  # another selection

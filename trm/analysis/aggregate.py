@@ -17,14 +17,16 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from trm.analysis.run_metrics import TEST_TIME_FIELDS
 from trm.errors import UserError
 from trm.run import layout
 from trm.study.estimate import accelerator_hours, evaluation_flops, model_costs, training_flops
 from trm.study.groups import REFERENCE_GROUP, load_groups, load_references
+
+if TYPE_CHECKING:  # pandas is imported where a table is made, so `trm aggregate --help` stays fast
+    import pandas as pd
 
 METRIC_COLUMNS = (
     "test_exact_accuracy",
@@ -63,6 +65,8 @@ def _wall_seconds(path: Path) -> float:
     """Wall time of the last attempt recorded in a Snakemake benchmark file (column `s`)."""
     if not path.exists():
         raise UserError(f"{path}: missing benchmark of the training job")
+    import pandas as pd
+
     return float(pd.read_csv(path, sep="\t")["s"].iloc[-1])
 
 
@@ -124,19 +128,23 @@ def aggregate(
             {"id": exp_id, "group": group["id"], "baseline": is_baseline, **result}
             for result in metrics["test_time"]
         ]
+    import pandas as pd
+
     table = pd.DataFrame(rows)
     # Experiments sharing a config share one run: the job that trained it holds the run's wall time.
     for column in ("wall_time_s", "accelerator_hours"):
         table[column] = table.groupby("config_hash")[column].transform("max")
     return (
         table,
-        pd.DataFrame(curves, columns=["id", "group", "epoch", "test_exact_accuracy"]),
+        pd.DataFrame(curves, columns=["id", "group", "epoch", "test_exact_accuracy", "test_cell_accuracy"]),
         pd.DataFrame(test_time, columns=TEST_TIME_COLUMNS),
     )
 
 
 def read_table(path: str | Path, columns: tuple[str, ...] = ("id", "group")) -> pd.DataFrame:
     """Read a CSV that `trm aggregate` wrote; a missing, malformed or foreign file is a UserError naming it."""
+    import pandas as pd
+
     try:
         table = pd.read_csv(path)
     except FileNotFoundError:

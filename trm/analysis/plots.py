@@ -8,22 +8,24 @@ other run beats on both axes, `curve` draws test accuracy over training per memb
 drawn as a star (a thick black line for curves). A metric the runs did not measure is shown as an empty panel
 saying so. A last panel, on every group, draws test exact accuracy against the number of supervision steps at
 test time per member, from TABLE-test-time.csv (`trm evaluate` at the workflow's test_time_steps).
+
+Where a panel's exact accuracy is 0 for every run of the group (short runs, e.g. the smoke scale), the panel draws
+cell accuracy instead (the fraction of cells right) and its title says so: a flat line at 0 shows no trend.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import matplotlib
+from trm.analysis.aggregate import read_table
+from trm.errors import UserError
+from trm.study.groups import REFERENCE_GROUP, load_groups
 
-matplotlib.use("Agg")  # files only; no display on servers and TPU hosts
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from trm.analysis.aggregate import read_table  # noqa: E402
-from trm.errors import UserError  # noqa: E402
-from trm.study.groups import REFERENCE_GROUP, load_groups  # noqa: E402
+# pandas and matplotlib are imported where a plot is drawn: `trm plot-group --help` stays fast.
+if TYPE_CHECKING:
+    import pandas as pd
 
 # Axis labels with units, for metrics and the config keys the groups plot against.
 LABELS = {
@@ -37,6 +39,9 @@ LABELS = {
     "mean_halt_steps": "mean halt steps (supervision steps)",
     "halt_steps_variance": "halt-step variance (steps²)",
     "test_exact_accuracy": "test exact accuracy (fraction of puzzles)",
+    "test_cell_accuracy": "test cell accuracy (fraction of cells)",
+    "exact_accuracy": "test exact accuracy (fraction of puzzles)",
+    "accuracy": "test cell accuracy (fraction of cells)",
     "test_exact_accuracy_raw": "test exact accuracy, raw weights (fraction)",
     "train_exact_accuracy": "train exact accuracy (fraction of puzzles)",
     "train_test_gap": "train − test exact accuracy (fraction)",
@@ -51,8 +56,26 @@ def label(name: str) -> str:
     return LABELS.get(name, name)
 
 
+# Exact accuracy -> the cell accuracy drawn instead when a group's exact accuracy is 0 throughout.
+CELL_FALLBACK = {"test_exact_accuracy": "test_cell_accuracy", "exact_accuracy": "accuracy"}
+FALLBACK_TITLE = "exact accuracy 0 for every run: cell accuracy shown"
+
+
+def _metric(points: pd.DataFrame, y: str, ax) -> str:
+    """`y`, or its cell accuracy when `y` is an exact accuracy that is 0 (or unmeasured) for every row; the
+    panel's title then says so."""
+    fallback = CELL_FALLBACK.get(y)
+    if fallback is None or fallback not in points or not (points[y].fillna(0) == 0).all():
+        return y
+    title = ax.get_title()
+    ax.set_title(f"{title}\n{FALLBACK_TITLE}" if title else FALLBACK_TITLE, fontsize="medium")
+    return fallback
+
+
 def _pareto_front(points: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
     """Points no other point beats on both x and y (higher is better on both)."""
+    import pandas as pd
+
     ordered = points.sort_values([x, y], ascending=False)
     front, best = [], float("-inf")
     for _, row in ordered.iterrows():
@@ -70,19 +93,22 @@ def _references(ax, refs: pd.DataFrame, y: str, lines: pd.DataFrame | None = Non
         line = None if lines is None else lines[lines["id"] == ref["id"]].sort_values(x)
         if line is not None and not line.empty:
             ax.plot(line[x], line[y], linestyle="--", color="tab:gray", label=text)
-        elif line is None and y in ref and pd.notna(ref[y]):
+        elif line is None and y in ref and ref[y] == ref[y]:  # not NaN: measured
             ax.axhline(ref[y], linestyle="--", color="tab:gray", label=text)
 
 
 def _panel(ax, plot: dict, group: dict, runs: pd.DataFrame, curves: pd.DataFrame, refs: pd.DataFrame) -> None:
     x, y = plot["x"], plot["y"]
-    ax.set_ylabel(label(y))
     ax.grid(alpha=0.3)
     if plot["kind"] == "curve":
+        y = _metric(curves, y, ax)
+        ax.set_ylabel(label(y))
         ax.set_xlabel(label("epoch"))
         _references(ax, refs, y, curves, "epoch")
         _line_per_member(ax, group, curves, "epoch", y, star_baseline=False)
         return
+    y = _metric(runs, y, ax)
+    ax.set_ylabel(label(y))
     ax.set_xlabel(label(x))
     points = runs.set_index("id").reindex([m for m in group["members"] if m in set(runs["id"])]).reset_index()
     if x == "member":
@@ -120,15 +146,16 @@ def _panel(ax, plot: dict, group: dict, runs: pd.DataFrame, curves: pd.DataFrame
 def _test_time_panel(ax, group: dict, test_time: pd.DataFrame, refs: pd.DataFrame) -> None:
     """Test exact accuracy after each evaluated number of supervision steps, one line per member."""
     ax.set_title("accuracy vs test-time supervision steps", fontsize="medium")
+    y = _metric(test_time, "exact_accuracy", ax)
     ax.set_xlabel(label("test_time_steps"))
-    ax.set_ylabel(label("test_exact_accuracy"))
+    ax.set_ylabel(label(y))
     ax.grid(alpha=0.3)
     ax.set_xscale("log", base=2)
     steps = sorted(test_time["steps"].unique())
     ax.set_xticks(steps, [str(k) for k in steps])
     ax.minorticks_off()
-    _references(ax, refs, "exact_accuracy", test_time, "steps")
-    _line_per_member(ax, group, test_time, "steps", "exact_accuracy", star_baseline=True)
+    _references(ax, refs, y, test_time, "steps")
+    _line_per_member(ax, group, test_time, "steps", y, star_baseline=True)
 
 
 def _line_per_member(ax, group: dict, points: pd.DataFrame, x: str, y: str, star_baseline: bool) -> None:
@@ -171,6 +198,12 @@ def plot_group(
     test_time = test_time[test_time["group"] == group_id]
     if test_time.empty:
         raise UserError(f"the test-time table has no run of group {group_id}")
+    import matplotlib
+    import pandas as pd
+
+    matplotlib.use("Agg")  # files only; no display on servers and TPU hosts
+    import matplotlib.pyplot as plt
+
     plots = group["plots"]
     fig, axes = plt.subplots(1, len(plots) + 1, figsize=(6 * (len(plots) + 1), 4.5), squeeze=False)
     for ax, plot in zip(axes[0], plots, strict=False):

@@ -93,7 +93,14 @@ def summarize_run(run_dir: str | Path, test_time_path: str | Path) -> dict:
         if examples_per_second
         else None,
         "epochs_to_85pct": min(reached) if reached else None,
-        "curve": [{"epoch": r["epoch"], "test_exact_accuracy": r["exact_accuracy"]} for r in evals],
+        "curve": [
+            {
+                "epoch": r["epoch"],
+                "test_exact_accuracy": r["exact_accuracy"],
+                "test_cell_accuracy": r["accuracy"],
+            }
+            for r in evals
+        ],
         "test_time": [{key: result[key] for key in TEST_TIME_FIELDS} for result in test_time["results"]],
     }
 

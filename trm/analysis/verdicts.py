@@ -19,8 +19,7 @@ import argparse
 import itertools
 import json
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from trm.analysis.aggregate import read_table
 from trm.errors import UserError
@@ -28,6 +27,9 @@ from trm.study.groups import format_number as _fmt
 from trm.study.groups import load_groups
 from trm.study.groups import signed as _signed
 from trm.study.scale import SCALES
+
+if TYPE_CHECKING:  # pandas is imported where a table is read, so `trm verdicts --help` stays fast
+    import pandas as pd
 
 SUPPORTED, NOT_SUPPORTED, NO_DATA = "supported", "not supported", "not enough data"
 SMOKE_NOTE = (
@@ -140,6 +142,8 @@ def needed_members(criterion: dict, group: dict) -> list[str]:
 
 def evaluate_criterion(criterion: dict, group: dict, table: pd.DataFrame) -> dict:
     """One criterion judged on the table (one row per experiment id): verdict, detail and the values read."""
+    import pandas as pd
+
     metric = criterion["metric"]
     rows = table.set_index("id")[metric]
     values: dict[str, float | None] = {}

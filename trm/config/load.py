@@ -44,7 +44,11 @@ EXPERIMENT_ID = re.compile(r"^[a-z0-9_]+$")
 # ------------------------------------------------------------------------------------------------------- YAML
 
 
-class _Loader(yaml.SafeLoader):
+# libyaml's parser when PyYAML has it (about 10x faster: the plan reads ~140 YAML files per dry run).
+_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Loader(_SafeLoader):
     """SafeLoader that reads 1e-4 as a float (YAML 1.2; PyYAML reads it as a string) and rejects duplicate keys."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:

@@ -211,3 +211,12 @@ def load_split(dataset_dir: str | Path, split: str, mmap: bool = True) -> SplitD
         f"expected {metadata['total_groups'] + 1} offsets (total_groups + 1) from 0 to {num_puzzles} (puzzles)",
     )
     return data
+
+
+def check_same_format(train_meta: dict, test_meta: dict) -> None:
+    """The train and test splits of one dataset agree on the vocabulary, sequence and puzzle ids."""
+    for key in ("vocab_size", "seq_len", "num_puzzle_identifiers", "pad_id", "ignore_label_id"):
+        if train_meta.get(key) != test_meta.get(key):
+            raise UserError(
+                f"dataset splits disagree on {key}: train {train_meta.get(key)} vs test {test_meta.get(key)}"
+            )

@@ -2,7 +2,8 @@
 
 Each puzzle starts as a random full grid (randomised backtracking), then its 81 clues are visited in a
 random order and each one is removed if the puzzle still has exactly one solution. The result is
-minimal: no remaining clue can be removed without losing uniqueness. Its rating is the number of dead
+minimal: no remaining clue can be removed without losing uniqueness. With `blanks`, removal stops once that
+many cells are blank: an easier puzzle (a minimal one has about 55-64 blanks), still with one solution. Its rating is the number of dead
 ends the solver below meets before it finds the solution (a backtrack count, like the ratings in the
 shared test files).
 
@@ -130,8 +131,9 @@ def _has_other_solution(puzzle: list[int], cell: int, value: int) -> bool:
     return False
 
 
-def generate_one(rng: np.random.Generator) -> tuple[list[int], list[int], int]:
-    """One (question, answer, rating): a random full grid reduced to a minimal unique puzzle."""
+def generate_one(rng: np.random.Generator, blanks: int | None = None) -> tuple[list[int], list[int], int]:
+    """One (question, answer, rating): a random full grid reduced to a minimal unique puzzle, or to one with
+    `blanks` blank cells when that many can be removed (the same draws from `rng` either way)."""
     value_order = rng.permuted(np.tile(np.arange(1, 10), (81, 1)), axis=1).tolist()
     removal_order = rng.permutation(81).tolist()
     filler = _Solver([0] * 81)
@@ -139,23 +141,29 @@ def generate_one(rng: np.random.Generator) -> tuple[list[int], list[int], int]:
     answer = filler.first_solution
     assert answer is not None  # an empty grid always has a solution
     puzzle = list(answer)
+    removed = 0
     for cell in removal_order:
+        if removed == blanks:
+            break
         value = puzzle[cell]
         puzzle[cell] = 0
         if _has_other_solution(puzzle, cell, value):
             puzzle[cell] = value
+        else:
+            removed += 1
     _, rating = solve(puzzle)
     return puzzle, answer, rating
 
 
-def generate_puzzles(count: int, seed: int) -> Puzzles:
-    """`count` distinct puzzles with unique solutions, the same for the same seed."""
+def generate_puzzles(count: int, seed: int, blanks: int | None = None) -> Puzzles:
+    """`count` distinct puzzles with unique solutions (minimal, or with `blanks` blanks), the same for the same
+    seed."""
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, 0x6E4])))
     seen: set[bytes] = set()
     questions, answers, ratings = [], [], []
     with tqdm(total=count, desc="generating puzzles", unit=" puzzles", mininterval=1.0) as bar:
         while len(questions) < count:
-            question, answer, rating = generate_one(rng)
+            question, answer, rating = generate_one(rng, blanks)
             key = bytes(question)
             if key in seen:
                 continue

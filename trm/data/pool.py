@@ -26,6 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--train", type=int, required=True, help="puzzles in train.csv")
     parser.add_argument("--test", type=int, required=True, help="further, distinct puzzles in test.csv")
     parser.add_argument("--seed", type=int, default=0, help="generator seed (default: 0)")
+    parser.add_argument(
+        "--blanks",
+        type=int,
+        default=None,
+        help="blank cells per puzzle, 1-64: the difficulty (default: minimal puzzles, about 55-64 blanks)",
+    )
     parser.add_argument("--output-dir", required=True, help="folder to write train.csv and test.csv into")
 
 
@@ -51,10 +57,15 @@ def main(args: argparse.Namespace) -> int:
     for flag, value in (("--train", args.train), ("--test", args.test)):
         if value < 1:
             raise UserError(f"{flag} must be >= 1, got {value}")
-    puzzles = generate_puzzles(args.train + args.test, args.seed)
+    if args.blanks is not None and not 1 <= args.blanks <= 64:
+        raise UserError(
+            f"--blanks must be 1 to 64 (no puzzle with a unique solution has more), got {args.blanks}"
+        )
+    puzzles = generate_puzzles(args.train + args.test, args.seed, args.blanks)
     output = Path(args.output_dir)
     output.mkdir(parents=True, exist_ok=True)
     write_csv(output / "train.csv", puzzles.take(np.arange(args.train)))
     write_csv(output / "test.csv", puzzles.take(np.arange(args.train, len(puzzles))))
-    print(f"wrote {output}: {args.train} train and {args.test} test puzzles (seed {args.seed})")
+    difficulty = "minimal puzzles" if args.blanks is None else f"{args.blanks} blanks each"
+    print(f"wrote {output}: {args.train} train and {args.test} test puzzles, {difficulty} (seed {args.seed})")
     return 0

@@ -39,7 +39,7 @@ class Accelerator:
 
 
 def _v4(chips: int, topology: str) -> Accelerator:
-    # TPU v4 (platform.md): 32 GiB HBM2 per chip at 1.2 TB/s, 275 TFLOP/s bf16; 4 chips (2x2x1) per host.
+    # TPU v4: 32 GiB HBM2 per chip at 1.2 TB/s, 275 TFLOP/s bf16; 4 chips (2x2x1) per host.
     return Accelerator(
         f"v4-{2 * chips}", f"v4:{topology}", chips, (2, 2, 1), "megacore", 32 * GIB, 275e12, 1.2e12
     )

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 from trm import storage
 from trm.errors import UserError
-from trm.gcs import FIX_CREDENTIALS
 from trm.launch import gcloud, tpu_options
 
 GCLOUD_TIMEOUT_S = 60  # one gcloud call; ssh to every host of a slice gets SSH_TIMEOUT_S
@@ -112,6 +111,8 @@ def check_credentials() -> Result:
         )
     import google.auth
     import google.auth.exceptions
+
+    from trm.gcs import FIX_CREDENTIALS
 
     try:
         credentials, project = google.auth.default()

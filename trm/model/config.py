@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 from typing import Any
 
-import jax.numpy as jnp
-
+from trm.data.sudoku import NUM_CELLS
 from trm.errors import UserError
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+DTYPES = ("float32", "bfloat16", "float16")  # forward_dtype names, each a jax.numpy dtype
 DATASET_FIELDS = ("vocab_size", "seq_len", "num_puzzle_identifiers")
 
 
@@ -53,9 +53,11 @@ class ModelConfig:
         return cls(**{k: dataset_meta[k] for k in DATASET_FIELDS}, **arch)
 
     @property
-    def dtype(self) -> jnp.dtype:
-        """The activation (forward) dtype."""
-        return DTYPES[self.forward_dtype]
+    def dtype(self) -> Any:
+        """The activation (forward) dtype, a jax.numpy dtype (imported here: reading a config needs no JAX)."""
+        import jax.numpy as jnp
+
+        return getattr(jnp, self.forward_dtype)
 
     @property
     def puzzle_emb_dim(self) -> int:
@@ -75,3 +77,16 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
+
+
+# The original PyTorch TRM's file conventions that import/export commands need before any JAX import
+# (trm/model/torch_io.py does the conversion): the key prefix its trainer writes with torch.compile on (its
+# default, and what its loader expects), and the puzzle length.
+DEFAULT_EXPORT_PREFIX = "_orig_mod.model."
+
+
+def add_seq_len_argument(parser: argparse.ArgumentParser, when: str) -> None:
+    """`--seq-len`: the puzzle length of the data, Sudoku's by default, needed `when`."""
+    parser.add_argument(
+        "--seq-len", type=int, default=NUM_CELLS, help=f"puzzle length, {when} (default %(default)s, Sudoku)"
+    )

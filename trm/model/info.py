@@ -13,7 +13,6 @@ import argparse
 from trm.config import add_config_arguments, resolve_config_arguments
 from trm.data.format import sudoku_metadata
 from trm.model.config import DATASET_FIELDS, ModelConfig
-from trm.model.flops import count_params, flops_per_example_step, forward_flops_per_example_step
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from trm.model.flops import count_params, flops_per_example_step, forward_flops_per_example_step
+
     config = resolve_config_arguments(args)
     cfg = ModelConfig.from_dict(config["arch"], {field: getattr(args, field) for field in DATASET_FIELDS})
     eval_steps = config["train"]["eval_steps"] if args.eval_steps is None else args.eval_steps

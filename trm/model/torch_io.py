@@ -21,7 +21,6 @@ Import keeps the file's values (float32 holds bfloat16 exactly); export writes t
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +29,11 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
-from trm.data.sudoku import NUM_CELLS
 from trm.errors import UserError
-from trm.model.config import ModelConfig
+from trm.model.config import DEFAULT_EXPORT_PREFIX, ModelConfig
 from trm.model.trm import TRM, split_state
 
 PREFIXES = ("_orig_mod.", "model.")
-# What the original trainer writes with torch.compile on (its default); its loader expects the same.
-DEFAULT_EXPORT_PREFIX = "_orig_mod.model."
 # Non-parameter buffers some versions of the original save; not needed for inference, ignored on import.
 IGNORED_KEYS = (
     "inner.puzzle_emb.local_weights",
@@ -45,13 +41,6 @@ IGNORED_KEYS = (
     "inner.rotary_emb.cos_cached",
     "inner.rotary_emb.sin_cached",
 )
-
-
-def add_seq_len_argument(parser: argparse.ArgumentParser, when: str) -> None:
-    """`--seq-len`: the puzzle length of the data, Sudoku's by default, needed `when`."""
-    parser.add_argument(
-        "--seq-len", type=int, default=NUM_CELLS, help=f"puzzle length, {when} (default %(default)s, Sudoku)"
-    )
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:

@@ -253,3 +253,19 @@ def code_version() -> str:
     # Uncommitted changes to the package are part of the version: hosts with different edits must not agree.
     changes = f".dirty.{hashlib.sha256(diff).hexdigest()[:8]}" if diff else ""
     return f"{version}+git.{sha}{changes}"
+
+
+def params_digest(tree: Any) -> str:
+    """sha256 over the bytes of every leaf in a fixed order: equal digests mean bit-identical parameters.
+
+    Hashes this process's own copy of replicated arrays, so hosts can compare their copies.
+    """
+    import jax
+
+    digest = hashlib.sha256()
+    for path, leaf in sorted(
+        jax.tree_util.tree_leaves_with_path(tree), key=lambda kv: jax.tree_util.keystr(kv[0])
+    ):
+        digest.update(jax.tree_util.keystr(path).encode())
+        digest.update(np.ascontiguousarray(local_copy(leaf)).tobytes())
+    return digest.hexdigest()

@@ -10,12 +10,18 @@ experiments sharing a dataset (exp04a_1000 and every baseline) share one build.
 from __future__ import annotations
 
 import difflib
+import hashlib
+import json
+import os
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from trm.config import (
+    BASE_CONFIG,
     EXPERIMENTS_DIR,
+    SCHEMA_PATH,
     batch_split_problem,
     config_hash,
     experiment_ids,
@@ -146,3 +152,49 @@ def check_batches(plan: list[Experiment], devices: int, where: str) -> None:
     lines = [f"{exp.path}: {problem} ({where})" for exp, problem in problems[:3]]
     more = f" (and {len(problems) - 3} more experiments)" if len(problems) > 3 else ""
     raise UserError("; ".join(lines) + more + ": choose a batch that divides, or another device count")
+
+
+# What a plan follows from besides its arguments: the config files and the code that resolves and scales them.
+_PLAN_CODE = (
+    [Path(__file__)]
+    + sorted(Path(__file__).parents[1].joinpath("config").glob("*.py"))
+    + [Path(__file__).with_name(name) for name in ("scale.py", "groups.py")]
+)
+
+
+def _plan_key(scale: str, experiments, groups, experiments_dir: Path, groups_path: Path) -> str:
+    """A digest of everything `plan_study` reads: equal digests, equal plans."""
+    digest = hashlib.sha256(json.dumps([scale, experiments, groups, str(experiments_dir)]).encode())
+    files = [BASE_CONFIG, SCHEMA_PATH, Path(groups_path), *sorted(Path(experiments_dir).glob("*.yaml"))]
+    for path in files + _PLAN_CODE:
+        digest.update(str(path).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def plan_study_cached(
+    cache_file: str | Path, scale: str, experiments="all", groups="all", **kwargs
+) -> list[Experiment]:
+    """`plan_study`, kept in `cache_file` under a digest of its inputs (files and code), so that an unchanged
+    study is planned from one JSON read: every `snakemake` call plans the study, a dry run included."""
+    experiments_dir = Path(kwargs.get("experiments_dir", EXPERIMENTS_DIR))
+    key = _plan_key(scale, experiments, groups, experiments_dir, Path(kwargs.get("groups_path", GROUPS_PATH)))
+    cache_file = Path(cache_file)
+    try:
+        cached = json.loads(cache_file.read_text())
+        if cached["key"] == key:
+            return [
+                Experiment(e["id"], e["group"], Path(e["path"]), e["config"], e["hash"])
+                for e in cached["plan"]
+            ]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # no cache yet, or an unreadable one: plan afresh
+    plan = plan_study(scale, experiments, groups, **kwargs)
+    records = [
+        {"id": e.id, "group": e.group, "path": str(e.path), "config": e.config, "hash": e.hash} for e in plan
+    ]
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=cache_file.parent, prefix=f".{cache_file.name}.")
+    with os.fdopen(fd, "w") as stream:
+        json.dump({"key": key, "plan": records}, stream)
+    os.replace(tmp, cache_file)  # atomic: two concurrent dry runs never read half a file
+    return plan

@@ -29,15 +29,13 @@ import os
 import sys
 import traceback
 
-import jax
-
 from trm.data.verify import DATASET_CACHE
 from trm.errors import UserError
 from trm.run import distributed, spec
 from trm.run.state import mark_setup_failed
+from trm.run.timing import Timings
 from trm.train.hostlog import HostLog
 from trm.train.records import parse_steps
-from trm.train.trainer import Trainer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,33 +61,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    # JAX and the trainer are imported here, not at the top, so that `trm train --help` stays fast.
+    timings = Timings()  # first: the time before it is the process's start and imports
     options = distributed.options_from_args(args)
-    distributed.initialize(options)  # before anything touches a device
+    with timings.phase("setup"):
+        distributed.initialize(options)  # before anything touches a device
     host_log = HostLog()
     try:
         if options.mode == "off":
-            return _train(args, host_log)
-        return _train_as_host(args, host_log)
+            return _train(args, host_log, timings)
+        return _train_as_host(args, host_log, timings)
     finally:
         host_log.close()
 
 
-def _train(args: argparse.Namespace, host_log: HostLog) -> int:
+def _train(args: argparse.Namespace, host_log: HostLog, timings: Timings) -> int:
+    with timings.phase("setup"):  # JAX's import, the devices, the model and its optimizer
+        import jax
+
+        from trm.train.trainer import Trainer
+
     run = spec.resolve(args)
     if args.log_every < 1:
         raise UserError(f"--log-every {args.log_every}: must be >= 1")
     test_time_steps = parse_steps(args.test_time_steps, "--test-time-steps") if args.test_time_steps else ()
     try:
-        trainer = Trainer(
-            run.config,
-            run.data,
-            run.run_dir,
-            args.cache_dir,
-            args.log_every,
-            args.wandb,
-            host_log,
-            test_time_steps,
-        )
+        with timings.phase("setup"):
+            trainer = Trainer(
+                run.config,
+                run.data,
+                run.run_dir,
+                args.cache_dir,
+                args.log_every,
+                args.wandb,
+                host_log,
+                test_time_steps,
+                timings,
+            )
     except BaseException as err:
         # A setup failure (no dataset, bad data, storage unreachable) still ends the run with a reason.
         mark_setup_failed(
@@ -99,7 +107,7 @@ def _train(args: argparse.Namespace, host_log: HostLog) -> int:
     return trainer.run()
 
 
-def _train_as_host(args: argparse.Namespace, host_log: HostLog) -> int:
+def _train_as_host(args: argparse.Namespace, host_log: HostLog, timings: Timings) -> int:
     """One process of a multi-host job: `_train`, but a failure ends the process at once.
 
     os._exit skips Python's cleanup: a normal exit would wait in JAX's shutdown barrier for hosts that may be
@@ -107,13 +115,15 @@ def _train_as_host(args: argparse.Namespace, host_log: HostLog) -> int:
     normally, all hosts together.
     """
     try:
-        return _train(args, host_log)
+        return _train(args, host_log, timings)
     except UserError as err:
         print(f"trm train: error: {err}", file=sys.stderr)
         code = err.exit_code
     except BaseException:
         traceback.print_exc()
         code = 1
+    import jax
+
     print(f"host {jax.process_index()} exits with code {code}", file=sys.stderr)
     host_log.close()
     os._exit(code)

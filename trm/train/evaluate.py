@@ -24,8 +24,8 @@ import argparse
 import json
 import math
 import sys
+from typing import TYPE_CHECKING
 
-import jax
 import numpy as np
 
 from trm import storage
@@ -34,10 +34,11 @@ from trm.data.manifest import MANIFEST_NAME
 from trm.data.sudoku import read_csv
 from trm.data.verify import DATASET_CACHE, fetch_dataset
 from trm.errors import UserError
-from trm.train.evaluator import Evaluator, evaluate
+from trm.run.timing import Timings
 from trm.train.records import parse_steps, results_csv
-from trm.train.step import Model
-from trm.train.weights import RunWeights, load_weights
+
+if TYPE_CHECKING:  # JAX and the model are imported by main, so `trm evaluate --help` stays fast
+    from trm.train.weights import RunWeights
 
 DEFAULT_STEPS = "16,32,64,128"
 
@@ -100,13 +101,23 @@ def check_compatible(weights: RunWeights, metadata: dict, data: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    timings = Timings()  # first: the time before it is the process's start and imports
+    with timings.phase("setup"):
+        import jax
+
+        from trm.train.evaluator import Evaluator, evaluate
+        from trm.train.step import Model
+        from trm.train.weights import load_weights
+
     counts = parse_steps(args.steps)
     if args.subset is not None and args.subset < 1:
         raise UserError(f"--subset {args.subset}: must be >= 1")
     if args.batch_size is not None and args.batch_size < 1:
         raise UserError(f"--batch-size {args.batch_size}: must be >= 1")
-    split = load_eval_split(args.data, args.split, args.cache_dir)
-    weights = load_weights(args.checkpoint, seq_len=split.metadata["seq_len"])
+    with timings.phase("data"):
+        split = load_eval_split(args.data, args.split, args.cache_dir)
+    with timings.phase("checkpoint"):
+        weights = load_weights(args.checkpoint, seq_len=split.metadata["seq_len"])
     check_compatible(weights, split.metadata, args.data)
     print(
         f"evaluating {args.checkpoint} (step {weights.step}, {weights.source} weights) on "
@@ -117,8 +128,9 @@ def main(args: argparse.Namespace) -> int:
     devices = evaluator.mesh.size
     batch_size = args.batch_size or weights.config["train"]["global_batch_size"]
     batch_size = math.ceil(batch_size / devices) * devices  # every device gets the same number of rows
-    on_device = evaluator.put_weights(weights.params, weights.puzzle_emb, weights.buffers)
-    results = evaluate(evaluator, on_device, split, batch_size, args.subset, progress=True)
+    with timings.phase("evaluate"):
+        on_device = evaluator.put_weights(weights.params, weights.puzzle_emb, weights.buffers)
+        results = evaluate(evaluator, on_device, split, batch_size, args.subset, progress=True)
     summary = {
         "checkpoint": args.checkpoint,
         "checkpoint_step": weights.step,
@@ -138,4 +150,5 @@ def main(args: argparse.Namespace) -> int:
     storage.write_text(csv_url, results_csv(results))
     storage.write_text(args.out, text)  # last: its presence means both files are complete
     print(f"wrote {args.out} and {csv_url}", file=sys.stderr)
+    print(json.dumps({"timings": timings.record()}), file=sys.stderr)
     return 0

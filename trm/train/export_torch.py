@@ -15,13 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from trm.model.torch_io import (
-    DEFAULT_EXPORT_PREFIX,
-    add_seq_len_argument,
-    params_to_state_dict,
-    write_torch_file,
-)
-from trm.train.weights import load_weights
+from trm.model.config import DEFAULT_EXPORT_PREFIX, add_seq_len_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,6 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    # JAX, Flax and the model are imported here, so that `trm export-torch --help` stays fast.
+    from trm.model.torch_io import params_to_state_dict, write_torch_file
+    from trm.train.weights import load_weights
+
     weights = load_weights(args.checkpoint, seq_len=args.seq_len)
     state_dict = params_to_state_dict(
         weights.params,

@@ -23,9 +23,7 @@ from pathlib import Path
 
 from trm.config import add_config_arguments, resolve_config_arguments
 from trm.data.format import sha256_file
-from trm.model.config import ModelConfig
-from trm.model.torch_io import add_seq_len_argument, read_torch_file, state_dict_to_params, strip_prefixes
-from trm.train.weights import write_run_dir
+from trm.model.config import ModelConfig, add_seq_len_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,6 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    # JAX, Flax and the model are imported here, so that `trm import-torch --help` stays fast.
+    from trm.model.torch_io import read_torch_file, state_dict_to_params, strip_prefixes
+    from trm.train.weights import write_run_dir
+
     config = resolve_config_arguments(args)
     state_dict = read_torch_file(args.checkpoint)
     tensors = strip_prefixes(state_dict)

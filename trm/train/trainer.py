@@ -2,25 +2,23 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
 import sys
 import time
-from typing import Any
 
 import jax
-import numpy as np
 
 from trm import storage
 from trm.config import config_hash
-from trm.data.format import load_split
+from trm.data.format import check_same_format, load_split
 from trm.data.verify import fetch_dataset
 from trm.errors import UserError
 from trm.model.config import ModelConfig
 from trm.run import distributed, layout
 from trm.run.state import EXIT_PREEMPTED, TrainerStatus
+from trm.run.timing import Timings
 from trm.train.checkpoint import Checkpointer
 from trm.train.data import TrainBatches
 from trm.train.ema import eval_params
@@ -31,20 +29,6 @@ from trm.train.records import MetricsLog, MetricWindow, best_evaluation, halt_st
 from trm.train.schedule import cycles_at, halt_exploration_at
 from trm.train.step import Model, TrainState, TrainStep, check_train_config, init_state
 from trm.train.test_time import run_test_time_evaluation
-
-
-def params_digest(tree: Any) -> str:
-    """sha256 over the bytes of every leaf in a fixed order: equal digests mean bit-identical parameters.
-
-    Hashes this process's own copy of replicated arrays, so hosts can compare their copies.
-    """
-    digest = hashlib.sha256()
-    for path, leaf in sorted(
-        jax.tree_util.tree_leaves_with_path(tree), key=lambda kv: jax.tree_util.keystr(kv[0])
-    ):
-        digest.update(jax.tree_util.keystr(path).encode())
-        digest.update(np.ascontiguousarray(distributed.local_copy(leaf)).tobytes())
-    return digest.hexdigest()
 
 
 class Trainer:
@@ -58,7 +42,9 @@ class Trainer:
         use_wandb: bool,
         host_log: HostLog | None = None,
         test_time_steps: tuple[int, ...] = (),
+        timings: Timings | None = None,
     ) -> None:
+        self.timings = timings or Timings()
         self.config = config
         self.data_url = data_url
         self.test_time_steps = test_time_steps
@@ -80,11 +66,12 @@ class Trainer:
             file=sys.stderr,
         )
 
-        dataset_dir = fetch_dataset(data_url, cache_dir)  # every host reads its own local copy
-        self.train_split = load_split(dataset_dir, "train")
-        self.test_split = load_split(dataset_dir, "test")
+        with self.timings.phase("data"):
+            dataset_dir = fetch_dataset(data_url, cache_dir)  # every host reads its own local copy
+            self.train_split = load_split(dataset_dir, "train")
+            self.test_split = load_split(dataset_dir, "test")
         self.model_cfg = ModelConfig.from_dict(config["arch"], self.train_split.metadata)
-        _check_compatible(self.train_split.metadata, self.test_split.metadata)
+        check_same_format(self.train_split.metadata, self.test_split.metadata)
 
         self.batches = TrainBatches(
             self.train_split,
@@ -155,13 +142,15 @@ class Trainer:
             raise
 
     def _run(self) -> int:
-        state = init_state(
-            self.model, self.config, self.total_steps, self.train_cfg["global_batch_size"], self.mesh
-        )
+        with self.timings.phase("init"):
+            state = init_state(
+                self.model, self.config, self.total_steps, self.train_cfg["global_batch_size"], self.mesh
+            )
         start = self.checkpoints.latest_step()
         window = MetricWindow()
         if start is not None:
-            state, record = self.checkpoints.restore(start, state)
+            with self.timings.phase("checkpoint"):
+                state, record = self.checkpoints.restore(start, state)
             window = MetricWindow.from_record(record)
             print(f"resuming from step {start} of {self.total_steps}", file=sys.stderr)
         start = start or 0
@@ -173,8 +162,10 @@ class Trainer:
         if self._stop_signal is None:
             # Saved before the final evaluation: a job stopped during it resumes there, not in training.
             self._save(state, self.total_steps, started, window)
-            self.checkpoints.wait()
-            final = self._final_evaluation(state)
+            with self.timings.phase("checkpoint"):
+                self.checkpoints.wait()
+            with self.timings.phase("evaluate"):
+                final = self._final_evaluation(state)
         if self._stop_signal is not None:
             step = int(state.step)
             self._save(state, step, started, window)
@@ -188,8 +179,12 @@ class Trainer:
             metrics_log.add({**final_record, "epoch": self.batches.epoch_at(self.total_steps), **final})
         metrics_log.flush()
         # Every host's own copy of the parameters, so a test (or a user) can see that all replicas agree.
-        host_params = distributed.gather_strings(params_digest(state.params))
-        host_ema = distributed.gather_strings(params_digest(state.ema)) if state.ema is not None else None
+        host_params = distributed.gather_strings(distributed.params_digest(state.params))
+        host_ema = (
+            distributed.gather_strings(distributed.params_digest(state.ema))
+            if state.ema is not None
+            else None
+        )
         summary = {
             "config_hash": config_hash(self.config),
             "code_version": distributed.code_version(),
@@ -225,6 +220,7 @@ class Trainer:
             self.wandb.log({f"final/{k}": v for k, v in final.items()}, step=self.total_steps)
             self.wandb.finish()
         print(json.dumps({"final_test": final}), file=sys.stderr)
+        print(json.dumps({"timings": self.timings.record()}), file=sys.stderr)
         return 0
 
     def _train(
@@ -245,9 +241,16 @@ class Trainer:
         for step in range(start, self.total_steps):
             cycles = cycles_at(self.batches.epoch_at(step), self.config)
             exploration = halt_exploration_at(step, self.total_steps, self.config)
-            state, metrics = self.train_step(state, self.batches.batch(step).as_dict(), exploration, cycles)
-            window.add(metrics)
             done = step + 1
+            with self.timings.phase("train"):
+                state, metrics = self.train_step(
+                    state, self.batches.batch(step).as_dict(), exploration, cycles
+                )
+                window.add(metrics)
+                if done % self.log_every == 0 or done % self.batches.batches_per_iter == 0:
+                    # Steps run asynchronously; what follows (a record, an evaluation) waits for them anyway:
+                    # the wait is training time.
+                    jax.block_until_ready(state)
             progress.update(1)
             if done % self.log_every == 0 or done == self.total_steps:
                 record = self._train_record(done, window, time.time() - window_start, cycles, exploration)
@@ -308,14 +311,15 @@ class Trainer:
 
     def _evaluate(self, state: TrainState, limit: int) -> dict:
         """The figures after train.eval_steps supervision steps (EMA weights when kept) on the first `limit` test
-        puzzles, in batches of the training batch: the same evaluation as `trm evaluate`."""
-        (record,) = evaluate(
-            self.evaluator,
-            self._eval_weights(state),
-            self.test_split,
-            self.train_cfg["global_batch_size"],
-            limit,
-        )
+        puzzles (all when None), in batches of the training batch: the same evaluation as `trm evaluate`."""
+        with self.timings.phase("evaluate"):
+            (record,) = evaluate(
+                self.evaluator,
+                self._eval_weights(state),
+                self.test_split,
+                self.train_cfg["global_batch_size"],
+                limit,
+            )
         return record
 
     def _final_evaluation(self, state: TrainState) -> dict | None:
@@ -356,7 +360,8 @@ class Trainer:
             "wall_seconds": time.time() - started,
             "metric_window": window.to_record(),
         }
-        self.checkpoints.save(step, state, record)
+        with self.timings.phase("checkpoint"):
+            self.checkpoints.save(step, state, record)
 
     def _install_signal_handlers(self) -> None:
         """One process: SIGTERM/SIGINT set a flag checked after each step. Several: JAX's preemption service
@@ -378,14 +383,6 @@ class Trainer:
             if multihost_utils.reached_preemption_sync_point(done):
                 self._stop_signal = signal.SIGTERM
         return self._stop_signal is not None
-
-
-def _check_compatible(train_meta: dict, test_meta: dict) -> None:
-    for key in ("vocab_size", "seq_len", "num_puzzle_identifiers", "pad_id", "ignore_label_id"):
-        if train_meta.get(key) != test_meta.get(key):
-            raise UserError(
-                f"dataset splits disagree on {key}: train {train_meta.get(key)} vs test {test_meta.get(key)}"
-            )
 
 
 def _start_wandb(config: dict, run_dir: str):

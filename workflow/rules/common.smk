@@ -16,6 +16,7 @@ from trm.config import dump_config, experiment_ids, experiment_path, load_config
 from trm.errors import UserError
 from trm.launch import tpu_options
 from trm.launch.accelerators import step_hash
+from trm.launch.local import one_thread_per_job
 from trm.run import layout
 from trm.storage import GCS_SCHEMES, check_url, write_text
 from trm.storage import join as url_join
@@ -29,7 +30,7 @@ from trm.study.estimate import (
     training_flops,
 )
 from trm.study.groups import REFERENCE_GROUP
-from trm.study.plan import check_batches, parse_dataset_name, plan_study
+from trm.study.plan import check_batches, parse_dataset_name, plan_study_cached
 from trm.study.scale import SMOKE_POOL, TEST_PUZZLES
 from trm.study.settings import check_settings, load_schema
 
@@ -117,7 +118,8 @@ TRM = os.path.join(os.path.dirname(sys.executable), "trm")
 try:
     PLAN = {
         exp.id: exp
-        for exp in plan_study(
+        for exp in plan_study_cached(
+            os.path.join(config["results"], ".cache", f"plan-{config['scale']}.json"),
             config["scale"],
             config["experiments"],
             config["groups"],
@@ -170,6 +172,9 @@ REFERENCES = [exp.id for exp in PLAN.values() if exp.group == REFERENCE_GROUP]
 DATASETS = sorted({exp.dataset for exp in PLAN.values()})
 SOFTWARE = "../envs/trm.yaml"  # every rule's conda environment (relative to the rule files)
 TEST_TIME_STEPS = ",".join(map(str, config["test_time_steps"][config["scale"]]))
+# XLA's CPU work on one thread per job, set in Snakemake's environment, which every job inherits (not in the
+# commands: a changed command would make Snakemake rerun finished jobs).
+one_thread_per_job()
 # A persistent XLA cache: the study's many same-shaped configs (every group's baseline) compile once.
 JAX_CACHE_ENV = [
     "env",

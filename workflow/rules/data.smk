@@ -10,6 +10,7 @@ rule smoke_pool:
         trm=TRM,
         train=SMOKE_POOL["train"],
         test=SMOKE_POOL["test"],
+        blanks=SMOKE_POOL["blanks"],
         seed=config["seed"],
         folder=lambda wildcards, output: os.path.dirname(output[0]),
     conda:
@@ -18,7 +19,7 @@ rule smoke_pool:
         os.path.join(RESULTS, "logs", "smoke_pool.log"),
     shell:
         "{params.trm:q} smoke-pool --train {params.train:q} --test {params.test:q} --seed {params.seed:q} "
-        "--output-dir {params.folder:q} > {log:q} 2>&1"
+        "--blanks {params.blanks:q} --output-dir {params.folder:q} > {log:q} 2>&1"
 
 
 rule build_dataset:
