@@ -134,7 +134,7 @@ def _evaluated_on_the_hosts_like_one_process(root: Path, output: str, tmp: Path)
     """The final evaluation ran on the slice's 2 hosts x 2 devices, in the training job, and its figures equal a
     one-process `trm evaluate` of the same checkpoint on 4 CPU devices (each device evaluating the same rows of
     every batch). After one supervision step: the per-puzzle outcomes are equal and the float32 losses agree to
-    the last bit (cell accuracy: see below); later steps are not compared, since the recurrence amplifies a last-bit difference about x19 per
+    the last bit; later steps are not compared, since the recurrence amplifies a last-bit difference about x19 per
     step (the two layouts' programs need not round alike)."""
     assert "collect-evaluation" in output and " evaluate --checkpoint" not in output
     slice_run = json.loads((root / "results/smoke/eval/exp01a-steps.json").read_text())
@@ -163,11 +163,11 @@ def _evaluated_on_the_hosts_like_one_process(root: Path, output: str, tmp: Path)
     assert one.returncode == 0, one.stderr[-3000:]
     (one_process,) = json.loads(out.read_text())["results"]
     on_slice = slice_run["results"][0]
-    # Every per-puzzle figure exactly. Cell accuracy is not compared: since main's #20 merge (smoke scale that
-    # learns, one XLA thread per job) one cell's argmax of 1,296 differs between the two layouts at step 1 (a
-    # near-tie), although before it the two were bit-identical at 16 and 32 steps; an open question (issue #17).
-    assert {k: v for k, v in one_process.items() if "loss" not in k and k != "accuracy"} == {
-        k: v for k, v in on_slice.items() if "loss" not in k and k != "accuracy"
+    # FAILS since main's #20 merge (smoke scale that learns, one XLA thread per job): at step 1 one cell of 1,296
+    # differs and the losses differ by up to 6e-5 relative, though before it the two were bit-identical at 16 and
+    # 32 steps. Open (issue #17): the hosts' and the one process's programs or weights now differ somewhere.
+    assert {k: v for k, v in one_process.items() if "loss" not in k} == {
+        k: v for k, v in on_slice.items() if "loss" not in k
     }
     assert (one_process["lm_loss"], one_process["q_halt_loss"]) == pytest.approx(
         (on_slice["lm_loss"], on_slice["q_halt_loss"]), rel=1e-6
