@@ -101,7 +101,9 @@ def aggregate(
         costs = model_costs(config)
         # The training job's work: training, then the evaluations (the last one to the test-time counts).
         evaluated_steps = [result["steps"] for result in metrics["test_time"]]
-        flops = training_flops(config, costs) + evaluation_flops(config, costs, test_puzzles, evaluated_steps)
+        flops = training_flops(config, costs) + evaluation_flops(
+            config, costs, test_puzzles, evaluated_steps, metrics["devices"]
+        )
         wall = _wall_seconds(results / "benchmarks" / "train" / f"{exp_id}.tsv")
         arch = config["arch"]
         rows.append(

@@ -52,25 +52,31 @@ def training_flops(config: dict, costs: dict) -> float:
     )
 
 
-def evaluation_passes(config: dict, test_puzzles: int, test_time_steps: Sequence[int]) -> dict[str, tuple]:
+def evaluation_passes(
+    config: dict, test_puzzles: int, test_time_steps: Sequence[int], devices: int = 1
+) -> dict[str, tuple]:
     """The trainer's evaluations of a run, each as (evaluations, rows, supervision steps): "intermediate" (on
-    `eval_subset` puzzles) and "final" (the whole test split, one pass to the largest count)."""
+    `eval_subset` puzzles) and "final" (the whole test split, one pass to the largest count). Rows are whole
+    batches, and fewer puzzles than one batch run in one batch just large enough for them on `devices`
+    (trm/train/evaluator.py)."""
     train = config["train"]
-    batch = train["global_batch_size"]
+
+    def rows(puzzles: int) -> int:
+        batch = min(train["global_batch_size"], math.ceil(puzzles / devices) * devices)
+        return math.ceil(puzzles / batch) * batch
+
     subset = test_puzzles if train["eval_subset"] is None else min(train["eval_subset"], test_puzzles)
     return {
-        "intermediate": (
-            train["epochs"] // train["eval_interval"] - 1,
-            math.ceil(subset / batch) * batch,
-            train["eval_steps"],
-        ),
-        "final": (1, math.ceil(test_puzzles / batch) * batch, max(train["eval_steps"], *test_time_steps)),
+        "intermediate": (train["epochs"] // train["eval_interval"] - 1, rows(subset), train["eval_steps"]),
+        "final": (1, rows(test_puzzles), max(train["eval_steps"], *test_time_steps)),
     }
 
 
-def evaluation_flops(config: dict, costs: dict, test_puzzles: int, test_time_steps: Sequence[int]) -> float:
+def evaluation_flops(
+    config: dict, costs: dict, test_puzzles: int, test_time_steps: Sequence[int], devices: int = 1
+) -> float:
     """FLOPs of a run's evaluations (`evaluation_passes`): forward supervision steps of every row evaluated."""
-    passes = evaluation_passes(config, test_puzzles, test_time_steps).values()
+    passes = evaluation_passes(config, test_puzzles, test_time_steps, devices).values()
     return float(
         sum(count * rows * steps for count, rows, steps in passes) * costs["eval_flops_per_example_step"]
     )

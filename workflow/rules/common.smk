@@ -236,7 +236,7 @@ def _estimates():
         costs = cache.costs(exp.hash, exp.config)
         flops = {
             "training": training_flops(exp.config, costs),
-            "evaluation": evaluation_flops(exp.config, costs, test_puzzles, steps),
+            "evaluation": evaluation_flops(exp.config, costs, test_puzzles, steps, job_devices(exp.id)),
         }
         hours[exp.id] = {k: accelerator_hours(v, accel["peak_flops"], accel["utilization"]) for k, v in flops.items()}
     cache.save()
@@ -335,7 +335,12 @@ def estimate_message(wildcards):
     if first != wildcards.exp:
         return f"train {wildcards.exp}: same config as {first}, whose run it collects (no training)"
     hours = ESTIMATED_HOURS[wildcards.exp]
-    passes = evaluation_passes(PLAN[wildcards.exp].config, TEST_PUZZLES[config["scale"]], config["test_time_steps"][config["scale"]])
+    passes = evaluation_passes(
+        PLAN[wildcards.exp].config,
+        TEST_PUZZLES[config["scale"]],
+        config["test_time_steps"][config["scale"]],
+        job_devices(wildcards.exp),
+    )
     count, rows, steps = passes["intermediate"]
     _, final_rows, final_steps = passes["final"]
     devices = job_devices(wildcards.exp)
