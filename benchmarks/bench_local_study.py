@@ -38,7 +38,18 @@ REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 # One member of most groups' dimensions, the widest and the largest-batch runs (the costliest), and the baseline.
 SUBSET = ["exp01a", "exp01c", "exp01f", "exp02a_06", "exp04a_5000", "exp06_a", "exp06_f"]
-COLUMNS = ("start+imports", "setup", "compile", "data", "init", "train", "evaluate", "checkpoint", "other", "outside")
+COLUMNS = (
+    "start+imports",
+    "setup",
+    "compile",
+    "data",
+    "init",
+    "train",
+    "evaluate",
+    "checkpoint",
+    "other",
+    "outside",
+)
 STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]$")
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 import json
-import re
 import shutil
 import subprocess
 import sys
