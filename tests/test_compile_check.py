@@ -78,9 +78,9 @@ def test_roofline_is_the_slower_of_compute_and_memory_and_plans_a_run_from_it(tm
     assert compiled_step_seconds(load_config(experiment_path("exp06_b")), tmp_path) is None  # not compiled
     hours = compiled_run_hours(config, seconds, 32, 1000, [16, 64])
     batch = config["train"]["global_batch_size"]
-    passes = evaluation_passes(config, 1000, [16, 64])
-    batch_steps = sum(count * rows // batch * steps for count, rows, steps in passes.values())
-    assert passes["final"] == (1, batch, 64)  # 1000 puzzles: one batch, to the largest count
+    passes = evaluation_passes(config, 1000, [16, 64], 32)
+    batch_steps = sum(count * rows / batch * steps for count, rows, steps in passes.values())
+    assert passes["final"] == (1, 1024, 64)  # 1000 puzzles: one batch of 32 x 32 rows, to the largest count
     assert hours == {
         "training": training_steps(config) * 1.0 * 32 / 3600,
         "evaluation": batch_steps * 0.1 * 32 / 3600,

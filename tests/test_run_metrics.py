@@ -58,7 +58,14 @@ def _collected_run(tmp_path: Path, evals: list[dict], final_extra: dict) -> tupl
              "exact_accuracy": 0.9, "examples_per_s": 100.0}  # fmt: skip
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [train, *evals]))
     (run / "config.json").write_text(json.dumps({"train": {"eval_interval": 10, "global_batch_size": 8}}))
-    final = {"config_hash": "abc", "steps": 400, "epochs": 40.0, "test": evals[-1], **final_extra}
+    final = {
+        "config_hash": "abc",
+        "devices": 1,
+        "steps": 400,
+        "epochs": 40.0,
+        "test": evals[-1],
+        **final_extra,
+    }
     (run / "final.json").write_text(json.dumps(final))
     test_time = tmp_path / "steps.json"
     test_time.write_text(json.dumps({"checkpoint_step": 400, "results": []}))

@@ -131,10 +131,11 @@ def compiled_step_seconds(config: dict, compile_dir: str | Path) -> dict | None:
 def compiled_run_hours(
     config: dict, seconds: dict, devices: int, test_puzzles: int, test_time_steps: Sequence[int]
 ) -> dict[str, float]:
-    """Device-hours of a run's training and of its evaluations (`evaluation_passes`, in batches of
-    global_batch_size rows) when its steps take `seconds` (compiled_step_seconds) on each of `devices`."""
+    """Device-hours of a run's training and of its evaluations (`evaluation_passes`) when its steps take `seconds`
+    (compiled_step_seconds: the eval step for a batch of global_batch_size rows) on each of `devices`; a batch
+    smaller than that counts as its fraction of the compiled one."""
     batch = config["train"]["global_batch_size"]
-    passes = evaluation_passes(config, test_puzzles, test_time_steps).values()
-    evaluation = sum(count * (rows // batch) * steps for count, rows, steps in passes) * seconds["eval"]
+    passes = evaluation_passes(config, test_puzzles, test_time_steps, devices).values()
+    evaluation = sum(count * rows / batch * steps for count, rows, steps in passes) * seconds["eval"]
     training = training_steps(config) * seconds["train"]
     return {"training": training * devices / 3600.0, "evaluation": evaluation * devices / 3600.0}
