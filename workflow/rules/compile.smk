@@ -37,8 +37,8 @@ rule compile_step:
     message:
         "compile-check {params.exp} for a {params.accelerator} (minutes at paper scale)"
     resources:
-        # A paper-scale compile peaks at about 5.4 GB of RAM (exp01c): `--resources mem_mb=N` bounds how many run.
-        mem_mb=6000,
+        # A paper-scale compile peaks at 5 to 8 GB of RAM (exp01c, exp02a_06): `--resources mem_mb=N` bounds how many run.
+        mem_mb=8000,
     conda:
         SOFTWARE
     log:
