@@ -81,11 +81,12 @@ def aggregate(
     """(runs, curves, test_time): one row per run with its config's varied keys, costs and metrics; one row per
     evaluation during training; one row per run and test-time step count."""
     experiments_dir = groups_path.parent / "experiments"
-    groups = {m: g for g in load_groups(groups_path, experiments_dir) for m in g["members"]}
+    group_table = load_groups(groups_path, experiments_dir)
+    groups = {m: g for g in group_table for m in g["members"]}
     labels = {}
     for ref in load_references(
-        groups_path, experiments_dir
-    ):  # a row of group "reference", its label as varied
+        groups_path, experiments_dir, group_table
+    ):  # group "reference", its label as varied
         groups[ref["id"]] = {"id": REFERENCE_GROUP, "varies": [], "baseline": None, "plots": []}
         labels[ref["id"]] = ref["label"]
     plot_keys = sorted(

@@ -16,10 +16,11 @@ import tempfile
 from pathlib import Path
 
 from trm import storage
+from trm.checkout import INSTALLED_FROM
 from trm.errors import UserError
 from trm.run import distributed
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = INSTALLED_FROM  # the checkout whose code is built into the wheel
 PACKAGE = "trm"
 PROJECT_FILES = ("pyproject.toml", "README.md")
 

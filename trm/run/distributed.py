@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from trm.checkout import INSTALLED_FROM
 from trm.errors import UserError
 
 DATA_AXIS = "data"
@@ -237,7 +238,7 @@ def code_version() -> str:
         version = metadata.version("trm-study")
     except metadata.PackageNotFoundError:
         version = "unknown"
-    repo = Path(__file__).resolve().parents[2]
+    repo = INSTALLED_FROM
     sha = git_sha(repo)
     if sha is None:
         return version

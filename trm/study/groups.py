@@ -232,16 +232,19 @@ def load_groups(path: str | Path = GROUPS_PATH, experiments_dir: str | Path = EX
 
 
 def load_references(
-    path: str | Path = GROUPS_PATH, experiments_dir: str | Path = EXPERIMENTS_DIR
+    path: str | Path = GROUPS_PATH,
+    experiments_dir: str | Path = EXPERIMENTS_DIR,
+    groups: list[dict] | None = None,
 ) -> list[dict]:
     """The reference experiments of groups.yaml (`references`: id and label): run with the study, in no group,
-    drawn in every group's plots as a labelled line."""
+    drawn in every group's plots as a labelled line. `groups`: the file's groups when the caller has loaded them."""
     path = Path(path)
     references = read_mapping(path, "groups file").get("references", [])
     if not isinstance(references, list):
         raise UserError(f"{path}: references: expected a list of mappings with the fields id, label")
     files = set(experiment_ids(experiments_dir))
-    members = {m for group in load_groups(path, experiments_dir) for m in group["members"]}
+    groups = load_groups(path, experiments_dir) if groups is None else groups
+    members = {m for group in groups for m in group["members"]}
     for n, ref in enumerate(references):
         where = f"{path}: references[{n}]"
         if not isinstance(ref, dict) or sorted(ref) != sorted(REFERENCE_FIELDS):

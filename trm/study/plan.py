@@ -91,10 +91,12 @@ def plan_study(
     """The selected experiments (members of the selected groups, among the selected ids) in group order."""
     table = load_groups(groups_path, experiments_dir)
     group_of = {member: group["id"] for group in table for member in group["members"]}
-    references = [ref["id"] for ref in load_references(groups_path, experiments_dir)]
-    ungrouped = [e for e in experiment_ids(experiments_dir) if e not in group_of and e not in references]
-    if experiments != "all" and any(exp_id in ungrouped for exp_id in experiments):
-        exp_id = next(exp_id for exp_id in experiments if exp_id in ungrouped)
+    references = [ref["id"] for ref in load_references(groups_path, experiments_dir, table)]
+    known = experiment_ids(experiments_dir)
+    ungrouped = [e for e in known if e not in group_of and e not in references]
+    stray = [] if experiments == "all" else [e for e in experiments if e in ungrouped]
+    if stray:
+        exp_id = stray[0]
         raise UserError(
             f"{source}: experiment {exp_id!r} ({Path(experiments_dir) / exp_id}.yaml) belongs to no group of "
             f"{groups_path}; add it to a group's members there to run it (each experiment is plotted with its group)"
@@ -106,9 +108,7 @@ def plan_study(
             file=sys.stderr,
         )
     chosen_groups = _choose(groups, [g["id"] for g in table], "groups", f"{source}: groups")
-    chosen_ids = set(
-        _choose(experiments, experiment_ids(experiments_dir), "experiments", f"{source}: experiments")
-    )
+    chosen_ids = set(_choose(experiments, known, "experiments", f"{source}: experiments"))
     selected = [
         member
         for group in table

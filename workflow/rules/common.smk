@@ -142,7 +142,8 @@ def job_launch(exp_id):
 
 
 def job_devices(exp_id):
-    return job_launch(exp_id)["hosts"] * job_launch(exp_id)["devices_per_host"]
+    launch = job_launch(exp_id)
+    return launch["hosts"] * launch["devices_per_host"]
 
 
 DEVICES = job_devices(None)  # of every job without its own launch.per_experiment entry
