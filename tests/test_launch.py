@@ -90,6 +90,22 @@ def test_jobs_of_the_workflow_get_one_xla_thread_and_keep_the_users_flags():
     assert own == {"XLA_FLAGS": "intra_op_parallelism_threads=2"}  # the user's thread setting wins
 
 
+def test_cpu_hosts_get_the_thread_pool_of_one_process_holding_all_the_devices():
+    cores = len(os.sched_getaffinity(0))
+    host = {"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "2"}
+    distributed.size_cpu_thread_pool(4, host)
+    assert host["NPROC"] == str(max(cores, 8))
+    big = {"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "1"}
+    distributed.size_cpu_thread_pool(1, big)
+    assert big["NPROC"] == str(cores)  # what a single process gets anyway
+    own = {"JAX_PLATFORMS": "cpu", "NPROC": "3"}
+    distributed.size_cpu_thread_pool(2, own)
+    assert own["NPROC"] == "3"  # the user's setting wins
+    tpu = {"JAX_NUM_CPU_DEVICES": "2"}
+    distributed.size_cpu_thread_pool(8, tpu)
+    assert "NPROC" not in tpu  # not on a TPU host
+
+
 def _python(code: str) -> list[str]:
     return [sys.executable, "-c", code]
 

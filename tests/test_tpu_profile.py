@@ -130,14 +130,10 @@ def test_profile_runs_two_experiments_on_an_emulated_slice(cloud, tpu_bucket, wo
 
 
 def _evaluated_on_the_hosts_in_the_training_job(root: Path, output: str, tmp: Path) -> None:
-    """The final evaluation ran on the slice's 2 hosts x 2 devices, in the training job, not on the controller, and
-    one pass gave both the test-time figures and final.json's.
-
-    Not asserted (issue #17, open): that these figures equal a one-process `trm evaluate` of the same checkpoint.
-    Measured on this machine: a 2-process x 2-device evaluation of one checkpoint differs from a 1-process x
-    4-device one after a single supervision step (one cell in 1,296; losses 1e-4 relative), whatever the XLA
-    threading, the evaluation batch or where the weights come from (a 1 x 4 training job's own evaluation does
-    equal `trm evaluate` bit for bit)."""
+    """The final evaluation ran on the slice's 2 hosts x 2 devices, in the training job, not on the controller; one
+    pass gave both the test-time figures and final.json's; and they equal a one-process, 4-device `trm evaluate`
+    of the same checkpoint, every figure to the last bit (the hosts size their CPU thread pools as one process
+    would, trm.run.distributed.size_cpu_thread_pool; without that one cell in 1,296 differed after one step)."""
     assert "collect-evaluation" in output and " evaluate --checkpoint" not in output
     slice_run = json.loads((root / "results/smoke/eval/exp01a-steps.json").read_text())
     assert slice_run["devices"] == 4 and [r["steps"] for r in slice_run["results"]] == [1, 16, 32]
@@ -145,6 +141,18 @@ def _evaluated_on_the_hosts_in_the_training_job(root: Path, output: str, tmp: Pa
     assert "test-time evaluation of step counts 1,16,32" in host_log
     final = json.loads((root / "results/smoke/runs/exp01a/final.json").read_text())
     assert final["processes"] == 2 and final["test"] == slice_run["results"][1]  # one pass gives both
+
+    one_process = tmp / "one-process.json"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "4"}
+    env.pop("NPROC", None)
+    trm = str(Path(sys.executable).with_name("trm"))
+    command = [trm, "evaluate", "--checkpoint", slice_run["checkpoint"], "--data", slice_run["data"]]
+    command += ["--steps", "1,16,32", "--out", str(one_process), "--cache-dir", str(tmp / "cache")]
+    done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    here = json.loads(one_process.read_text())
+    assert here["devices"] == 4 and here["batch_size"] == slice_run["batch_size"]
+    assert here["results"] == slice_run["results"]
 
 
 def test_a_failed_preflight_stops_the_study_before_any_job(cloud, tpu_bucket, workdir, tmp_path, monkeypatch):
