@@ -14,7 +14,7 @@ import pytest
 
 from trm.cli import main as trm
 from trm.errors import UserError
-from trm.launch.local import ONE_THREAD_XLA_FLAGS, host_environment, one_thread_per_job, run_processes
+from trm.launch.local import host_environment, one_thread_per_job, run_processes
 from trm.run import distributed
 from trm.run.state import read_run
 
@@ -81,13 +81,13 @@ def test_host_environments():
     assert base["TRM_COORDINATOR"] == "stale:1"  # the caller's mapping is not modified
 
 
-def test_jobs_of_the_workflow_get_one_xla_thread_and_keep_the_users_flags():
+def test_jobs_of_the_workflow_get_one_xla_thread_unless_the_user_chose():
     environ = {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
     one_thread_per_job(environ)
-    assert environ["XLA_FLAGS"] == f"--xla_dump_to=/tmp/x {ONE_THREAD_XLA_FLAGS}"
-    own = {"XLA_FLAGS": "intra_op_parallelism_threads=2"}
+    assert environ == {"XLA_FLAGS": "--xla_dump_to=/tmp/x", "NPROC": "1"}
+    own = {"NPROC": "2"}
     one_thread_per_job(own)
-    assert own == {"XLA_FLAGS": "intra_op_parallelism_threads=2"}  # the user's thread setting wins
+    assert own == {"NPROC": "2"}
 
 
 def test_cpu_hosts_get_the_thread_pool_of_one_process_holding_all_the_devices():
@@ -95,12 +95,16 @@ def test_cpu_hosts_get_the_thread_pool_of_one_process_holding_all_the_devices():
     host = {"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "2"}
     distributed.size_cpu_thread_pool(4, host)
     assert host["NPROC"] == str(max(cores, 8))
-    big = {"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "1"}
-    distributed.size_cpu_thread_pool(1, big)
-    assert big["NPROC"] == str(cores)  # what a single process gets anyway
-    own = {"JAX_PLATFORMS": "cpu", "NPROC": "3"}
-    distributed.size_cpu_thread_pool(2, own)
-    assert own["NPROC"] == "3"  # the user's setting wins
+    alone = {"JAX_PLATFORMS": "cpu"}
+    distributed.size_cpu_thread_pool(1, alone)
+    assert alone["NPROC"] == str(cores)  # what a single process gets anyway
+    # A budget (a workflow job's one thread) is raised to the job's devices, as XLA raises one process's pool.
+    budget = {"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "2", "NPROC": "1"}
+    distributed.size_cpu_thread_pool(2, budget)
+    assert budget["NPROC"] == "4"
+    wide = {"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "2", "NPROC": "64"}
+    distributed.size_cpu_thread_pool(2, wide)
+    assert wide["NPROC"] == "64"
     tpu = {"JAX_NUM_CPU_DEVICES": "2"}
     distributed.size_cpu_thread_pool(8, tpu)
     assert "NPROC" not in tpu  # not on a TPU host

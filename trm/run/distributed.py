@@ -155,18 +155,22 @@ def size_cpu_thread_pool(num_processes: int, environ=os.environ) -> None:
     XLA's CPU client makes its thread pool max(NPROC or the schedulable cores, the process's devices) threads
     wide and compiles for that width, and the width changes float results in the last bit. Measured here
     (2 cores): a 2-process x 2-device evaluation of a checkpoint differed from a 1-process x 4-device one in
-    one cell of 1,296 after one supervision step; with NPROC=4 on both hosts it was bit-identical. So every
-    process of a CPU job gets NPROC = max(cores, the job's devices), and its figures do not depend on how the
-    devices are split over processes. A user's own NPROC is kept; on a TPU (JAX_PLATFORMS not "cpu") nothing
-    changes. Call before JAX creates its CPU client."""
-    if environ.get("JAX_PLATFORMS", "").strip().lower() != "cpu" or ENV_XLA_CPU_THREADS in environ:
+    one cell of 1,296 after one supervision step; with the same width on both it was bit-identical. So every
+    process of a CPU job sets NPROC = max(NPROC or the cores, the job's devices), and its figures do not depend
+    on how the devices are split over processes. On a TPU (JAX_PLATFORMS not "cpu") nothing changes. Call
+    before JAX creates its CPU client."""
+    if environ.get("JAX_PLATFORMS", "").strip().lower() != "cpu":
         return
     try:
         local_devices = int(environ.get("JAX_NUM_CPU_DEVICES", "1"))
+        budget = int(environ.get(ENV_XLA_CPU_THREADS) or _schedulable_cores())
     except ValueError:
-        return  # JAX itself reports the bad value
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    environ[ENV_XLA_CPU_THREADS] = str(max(cores, local_devices * num_processes))
+        return  # JAX and XLA report their own bad values
+    environ[ENV_XLA_CPU_THREADS] = str(max(budget, local_devices * num_processes))
+
+
+def _schedulable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def data_mesh():
