@@ -111,8 +111,9 @@ def two_by_two(data, tmp_path_factory) -> Path:
 def test_two_hosts_train_exactly_like_one_host_with_the_same_devices(data, tmp_path):
     """2 hosts x 1 device and 1 host x 2 devices end with bit-identical parameters, EMA and metrics.
 
-    Bit-identical by construction, on any CPU: each device runs the same compiled program on the same rows, and
-    every cross-device sum has two terms, which floating-point addition adds the same way in either order. (With
+    Bit-identical by construction, on any CPU: each device runs the same compiled program on the same rows (each
+    host's XLA thread pool is as wide as one process's, distributed.size_cpu_thread_pool), and every cross-device
+    sum has two terms, which floating-point addition adds the same way in either order. (With
     more devices the all-reduce's summation order depends on the layout, and the untrained recurrence amplifies
     a last-bit difference about x19 per supervision step, so 2 x 2 against 1 x 4 is not comparable bit for bit.)
     """
