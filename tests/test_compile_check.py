@@ -120,9 +120,8 @@ def test_dry_run_uses_compiled_steps_where_they_exist_and_says_which(workdir, tm
     job = output[output.index("train exp06_a:") :]
     assert f"training:   {hours['training']:.4g} TPU v4 chip-hours" in job.splitlines()[1], job[:500]
     assert f"evaluation: {hours['evaluation']:.4g} TPU v4 chip-hours" in job.splitlines()[2], job[:500]
-    assert (
-        "compiled steps' roofline times for 1 runs" in output and "40% of peak for 6" in output
-    )  # and ref_paper
+    assert "1 runs at their compiled steps' roofline times" in output  # the study's line
+    assert "6 at an assumed 40% of peak" in output  # exp06_b to f and ref_paper
 
 
 def test_without_libtpu_the_command_says_how_to_install_it():

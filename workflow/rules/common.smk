@@ -251,12 +251,14 @@ def _plan_summary():
     runs = list(FIRST_WITH_HASH.values())
     compiled = sum(first in COMPILED for first in runs)
     assumed = f"an assumed {config['accelerator']['utilization']:.0%} of peak"
-    source = (
-        f"at {assumed}"
-        if not compiled
-        else f"at their compiled steps' roofline times for {compiled} runs (a best case; snakemake compile_check), "
-        f"at {assumed} for {len(runs) - compiled}"
-    )
+    roofline = "at their compiled steps' roofline times (a best case; snakemake compile_check)"
+    if not compiled:
+        source = f"at {assumed}"
+    elif compiled == len(runs):
+        source = f"every run {roofline}"
+    else:
+        source = f"{compiled} runs {roofline}, {len(runs) - compiled} at {assumed}"
+
     references = f" and {len(REFERENCES)} reference" if REFERENCES else ""
     lines = [
         f"TRM study, scale {config['scale']}: {len(PLAN) - len(REFERENCES)} experiments in {len(SELECTED_GROUPS)} "
