@@ -1,7 +1,8 @@
 """Cross-field rules the schema cannot express, each stated once; messages name the keys and where they were set.
 
 `batch_split_problem` is also the rule of a job's devices: the trainer applies it to its mesh, and the study's dry
-run to the devices its launch settings give each job, without importing JAX.
+run to the devices its launch settings give each job, without importing JAX. `evaluation_batch` is the evaluator's
+batch, which the dry run's estimate counts the same way.
 """
 
 from __future__ import annotations
@@ -27,6 +28,13 @@ def batch_split_problem(train: dict, devices: int) -> str | None:
         f"train.global_batch_size={batch} must be divisible by train.micro_batches ({parts}) x the number of "
         f"devices ({devices}) = {parts * devices}"
     )
+
+
+def evaluation_batch(batch_size: int, puzzles: int, devices: int) -> int:
+    """Rows per evaluation batch: `batch_size`, but fewer puzzles than one batch run in one batch just large enough
+    for them on `devices` (their count rounded up to a multiple of the devices): padding rows cost as much as real
+    ones."""
+    return min(batch_size, -(-puzzles // devices) * devices)
 
 
 def impossible_values(config: dict, origin: dict[str, str], base: str | None = None) -> list[str]:

@@ -23,6 +23,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from trm.config import evaluation_batch
+
 
 def training_steps(config: dict) -> int:
     """Optimizer steps of a run, as the trainer counts them (whole batches per evaluation interval)."""
@@ -62,7 +64,7 @@ def evaluation_passes(
     train = config["train"]
 
     def rows(puzzles: int) -> int:
-        batch = min(train["global_batch_size"], math.ceil(puzzles / devices) * devices)
+        batch = evaluation_batch(train["global_batch_size"], puzzles, devices)
         return math.ceil(puzzles / batch) * batch
 
     subset = test_puzzles if train["eval_subset"] is None else min(train["eval_subset"], test_puzzles)

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from trm.config import evaluation_batch
 from trm.data.format import SplitData
 from trm.model.act import act_step, initial_carry
 from trm.run.distributed import batch_sharded, data_mesh, put_global, put_host_rows, replicated
@@ -210,7 +211,7 @@ def evaluate(
     enough for them: padding rows would cost as much as real ones (16 puzzles at batch 192: 12 times the work).
     The cap depends only on the puzzles and the devices, so a continued evaluation batches the same way."""
     total = len(split.inputs) if limit is None else min(limit, len(split.inputs))
-    batch_size = min(batch_size, -(-total // evaluator.mesh.size) * evaluator.mesh.size)
+    batch_size = evaluation_batch(batch_size, total, evaluator.mesh.size)
     tally = Tally(evaluator.counts) if tally is None else tally
     if tally.counts != evaluator.counts:
         raise ValueError(
