@@ -51,11 +51,11 @@ def main() -> None:
         state = init_state(model, config, 1000, args.batch)
         cycles = (config["arch"]["H_cycles"], config["arch"]["L_cycles"])
         memory = step.lower(state, batch, 0.1, cycles).compile().memory_analysis()
-        state, metrics = step(state, batch, 0.1, cycles)  # compile
+        state, metrics = step(state, batch, 0.1, cycles, update=1)  # compile
         times = []
-        for _ in range(args.steps):
+        for update in range(2, args.steps + 2):
             start = time.perf_counter()
-            state, metrics = step(state, batch, 0.1, cycles)
+            state, metrics = step(state, batch, 0.1, cycles, update=update)
             metrics["count"].block_until_ready()
             times.append(time.perf_counter() - start)
         print(

@@ -209,7 +209,7 @@ def bench_case(width: int, dtype: str, batch: int, steps: int, torch_step) -> di
 
     def one_step(i: int):
         nonlocal state
-        state, metrics = train_step(state, batches[i % len(batches)], exploration, cycles)
+        state, metrics = train_step(state, batches[i % len(batches)], exploration, cycles, update=i + 1)
         return state, metrics
 
     first, _ = timed(lambda: one_step(0))

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from trm.errors import UserError
-from trm.train.ema import ema_init, ema_update, eval_params
+from trm.train.ema import ema_init, ema_rate, ema_update, eval_params
 from trm.train.optim import (
     AdamAtan2State,
     build_optimizer,
@@ -57,19 +57,22 @@ def initial_params(rng: np.random.Generator) -> dict:
     return {"w": rng.normal(size=(3, 4)), "b": rng.normal(size=(4,)), "zero": rng.normal(size=(2,))}
 
 
-def run_optax(tx: optax.GradientTransformation, params: dict, grads: list[dict]) -> list[dict]:
-    """Apply tx over the gradient sequence under jit; return the float32 params after every step."""
+def run_optax(cfg: dict, params: dict, grads: list[dict]) -> list[dict]:
+    """Apply the configured optimizer over the gradient sequence as the train step does: under jit, with each
+    update's learning rate from `dense_lr_schedule` as an input. The float32 params after every step."""
     params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
-    state = tx.init(params)
+    state = build_optimizer(cfg, 0.0).init(params)
+    lr = dense_lr_schedule(cfg, TOTAL)
 
     @jax.jit
-    def step(params, state, g):
-        updates, state = tx.update(g, state, params)
+    def step(params, state, g, lr):
+        updates, state = build_optimizer(cfg, lr).update(g, state, params)
         return optax.apply_updates(params, updates), state
 
     history = []
-    for g in grads:
-        params, state = step(params, state, jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), g))
+    for t, g in enumerate(grads, start=1):
+        g = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), g)
+        params, state = step(params, state, g, np.float32(lr(t)))
         history.append(jax.tree.map(np.asarray, params))
     return history
 
@@ -132,7 +135,7 @@ def test_optimizer_matches_float64_reference(name, beta2):
     rng = np.random.default_rng(0)
     params, grads = initial_params(rng), gradient_sequence(TOTAL, rng)
     cfg = optim_config(optimizer=name, beta2=beta2)
-    got = run_optax(build_optimizer(cfg, TOTAL), params, grads)
+    got = run_optax(cfg, params, grads)
     want = REFERENCES[name](params, grads, cfg["lr"], cfg["beta1"], beta2, cfg["weight_decay"])
     for step, (g, w) in enumerate(zip(got, want, strict=True), start=1):
         for key in w:
@@ -144,14 +147,14 @@ def test_optimizer_matches_float64_reference(name, beta2):
 def test_adam_atan2_state_is_float32_and_zero_grads_give_pure_decay():
     rng = np.random.default_rng(1)
     params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), initial_params(rng))
-    tx = build_optimizer(optim_config(optimizer="adam_atan2"), TOTAL)
+    lr1 = np_lr(1, 1e-2)
+    tx = build_optimizer(optim_config(optimizer="adam_atan2"), lr1)
     state = tx.init(params)
     assert isinstance(state, AdamAtan2State)
     assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves((state.mu, state.nu)))
     zero_grads = jax.tree.map(jnp.zeros_like, params)
     updates, state = tx.update(zero_grads, state, params)
     # atan2(0, 0) = 0, so only the decoupled decay remains (no NaN from the missing epsilon).
-    lr1 = np_lr(1, 1e-2)
     for key in params:
         np.testing.assert_allclose(updates[key], -lr1 * 0.5 * np.asarray(params[key]), rtol=1e-6)
     assert int(state.count) == 1
@@ -161,12 +164,12 @@ def test_adam_atan2_state_is_float32_and_zero_grads_give_pure_decay():
 def test_first_update_uses_lr_of_step_one_and_decay_is_lr_times_wd(name):
     """Zero gradients isolate the decay: update_t = -lr(t) * wd * p_old, with t = 1 on the first update."""
     cfg = optim_config(optimizer=name, lr_warmup_steps=2000, lr_min_ratio=1.0, lr=1e-4, weight_decay=1.0)
-    tx = build_optimizer(cfg, total_steps=100_000)
+    lr = dense_lr_schedule(cfg, total_steps=100_000)
     params = {"p": jnp.full((4,), 2.0, jnp.float32)}
-    state = tx.init(params)
+    state = build_optimizer(cfg, 0.0).init(params)
     zero = {"p": jnp.zeros((4,), jnp.float32)}
     for t in (1, 2):
-        updates, state = tx.update(zero, state, params)
+        updates, state = build_optimizer(cfg, lr(t)).update(zero, state, params)
         np.testing.assert_allclose(
             updates["p"], -(1e-4 * t / 2000) * 1.0 * np.asarray(params["p"]), rtol=1e-6
         )
@@ -175,7 +178,7 @@ def test_first_update_uses_lr_of_step_one_and_decay_is_lr_times_wd(name):
 
 def test_unknown_optimizer_is_a_user_error_naming_the_field():
     with pytest.raises(UserError, match=r"optim\.optimizer = 'sgd'.*adam_atan2, adamw, lion"):
-        build_optimizer(optim_config(optimizer="sgd"), TOTAL)
+        build_optimizer(optim_config(optimizer="sgd"), 1e-4)
 
 
 def test_lr_schedules_follow_the_config_for_logging():
@@ -187,24 +190,26 @@ def test_lr_schedules_follow_the_config_for_logging():
 
 def run_sign_sgd(touched_kind: str):
     cfg = optim_config(puzzle_emb_lr=1e-2, puzzle_emb_weight_decay=0.5)
-    tx = build_puzzle_emb_optimizer(cfg, TOTAL)
+    lr_of = puzzle_emb_lr_schedule(cfg, TOTAL)
     rng = np.random.default_rng(2)
     table0 = rng.normal(size=(6, 4))
     grads = [rng.normal(size=(6, 4)) for _ in range(3)]
     grads[1][3, :2] = 0.0  # a touched row with some zero gradient: sign 0, decay only
     ids = [np.array([1, 3, 3]), np.array([3, 5]), np.array([1])]
     table = jnp.asarray(table0, jnp.float32)
-    state = tx.init(table)
+    state = build_puzzle_emb_optimizer(cfg, 0.0).init(table)
 
     @jax.jit
-    def step(table, state, g, touched):
-        updates, state = tx.update(g, state, table, touched=touched)
+    def step(table, state, g, touched, lr):
+        updates, state = build_puzzle_emb_optimizer(cfg, lr).update(g, state, table, touched=touched)
         return optax.apply_updates(table, updates), state
 
     want = table0.copy()
     for t, (g, batch_ids) in enumerate(zip(grads, ids, strict=True), start=1):
         touched = batch_ids if touched_kind == "ids" else np.isin(np.arange(6), batch_ids)
-        table, state = step(table, state, jnp.asarray(g, jnp.float32), jnp.asarray(touched))
+        table, state = step(
+            table, state, jnp.asarray(g, jnp.float32), jnp.asarray(touched), np.float32(lr_of(t))
+        )
         lr = np_lr(t, 1e-2)
         rows = np.unique(batch_ids)
         want[rows] = want[rows] * (1 - lr * 0.5) - lr * np.sign(g[rows])
@@ -231,9 +236,16 @@ def test_ema_matches_manual_average_and_eval_params_picks_it():
     rate = 0.9
     for _ in range(4):
         params = {k: v + jnp.asarray(rng.normal(size=v.shape), jnp.float32) for k, v in params.items()}
-        ema = update(ema, params, rate)
+        ema = update(ema, params, ema_rate(rate))
         want = {k: rate * want[k] + (1 - rate) * np.asarray(params[k], np.float64) for k in want}
         for key in want:
             np.testing.assert_allclose(np.asarray(ema[key]), want[key], rtol=1e-6, atol=1e-7)
     assert eval_params(params, ema) is ema
     assert eval_params(params, None) is params
+
+
+def test_ema_weight_of_the_params_is_one_minus_rate_in_float64():
+    """As the original's Python float: 1 - 0.999 rounded once to float32, not float32(1) - float32(0.999)."""
+    rate = ema_rate(0.999)
+    assert (rate.keep, rate.mix) == (np.float32(0.999), np.float32(1.0 - 0.999))
+    assert rate.mix != np.float32(1.0) - np.float32(0.999)

@@ -253,11 +253,42 @@ def test_exploration_probability_reaches_the_compiled_step(easy_data, tmp_path):
         state = init_state(model, config, 10, 8)
         q_head = dict(state.params["q_head"], bias=jnp.array([5.0, -5.0]))  # q_halt > 0: halt now
         state = state._replace(params=dict(state.params, q_head=q_head))
-        state, _ = step(state, batch, jnp.float32(prob), (2, 2))
+        state, _ = step(state, batch, jnp.float32(prob), (2, 2), update=1)
         halted[prob] = state.carry.halted
     assert bool(halted[0.0].all())  # Q halting alone: every row stops after one step
     assert not bool(halted[1.0].any())  # exploration on every row: each must run at least 2 steps
     assert step.compilations == 1  # a new probability is a new input, not a new program
+
+
+def test_runs_differing_in_learning_rates_ema_rate_or_length_share_one_program(easy_data, tmp_path):
+    """Those hyperparameters are inputs of the train step, so such runs of the study (exp04a, exp08, exp10) hit
+    the persistent compilation cache; a beta is still compiled in, and makes another program."""
+    from trm.config import load_config
+    from trm.data.format import load_split
+    from trm.data.verify import fetch_dataset
+    from trm.model.config import ModelConfig
+    from trm.train.data import TrainBatches
+    from trm.train.step import Model, TrainStep, init_state
+
+    split = load_split(fetch_dataset(easy_data, tmp_path / "cache"), "train")
+    batch = TrainBatches(split, 8, 1, seed=0).batch(0).as_dict()
+    variants = {
+        "baseline": ({}, 10),
+        "hyperparameters": ({"optim.lr": 3e-3, "optim.lr_min_ratio": 0.1, "optim.ema_rate": 0.5}, 40),
+        "beta2": ({"optim.beta2": 0.99}, 10),
+    }
+    programs = {}
+    for name, (sets, total_steps) in variants.items():
+        config = load_config("config/base.yaml", [f"{k}={v}" for k, v in {**TINY, **sets}.items()], base=None)
+        model = Model(ModelConfig.from_dict(config["arch"], split.metadata), seed=0)
+        step = TrainStep(model, config, total_steps=total_steps)
+        state = init_state(model, config, total_steps, 8)
+        programs[name] = step.lower(state, batch, 0.1, (2, 2), update=3).as_text()
+        assert step.hyperparameters(3).lr == np.float32(
+            config["optim"]["lr"] * 3 / 5
+        )  # in the 5-step warm-up
+    assert programs["hyperparameters"] == programs["baseline"]
+    assert programs["beta2"] != programs["baseline"]
 
 
 def test_bad_config_is_rejected_before_training(easy_data, tmp_path, capsys):
@@ -311,7 +342,7 @@ def test_a_failing_step_marks_the_run_failed_with_its_error(easy_data, tmp_path)
     run = tmp_path / "run"
     trainer = Trainer(config, easy_data, str(run), str(tmp_path / "cache"), log_every=1, use_wandb=False)
 
-    def broken_step(*_args):  # an injected fault, e.g. a device error in the middle of training
+    def broken_step(*_args, **_kwargs):  # an injected fault, e.g. a device error in the middle of training
         raise RuntimeError("injected device failure")
 
     trainer.train_step = broken_step

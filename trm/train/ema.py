@@ -8,9 +8,25 @@ trainer keeps `ema = None` and evaluation uses the raw params; `eval_params` mak
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+
+
+class EmaRate(NamedTuple):
+    """The EMA's two weights as float32 scalars, `mix` = 1 - `keep` taken in float64 on the host (as the
+    original's Python float is) before rounding. A pytree, so the train step takes it as an input and runs that
+    differ only in their EMA rate share one compiled program."""
+
+    keep: np.float32  # weight of the shadow: optim.ema_rate
+    mix: np.float32  # weight of the new params: 1 - optim.ema_rate
+
+
+def ema_rate(rate: float) -> EmaRate:
+    return EmaRate(np.float32(rate), np.float32(1.0 - rate))
 
 
 def ema_init(params: optax.Params) -> optax.Params:
@@ -18,9 +34,9 @@ def ema_init(params: optax.Params) -> optax.Params:
     return jax.tree.map(jnp.array, params)
 
 
-def ema_update(ema: optax.Params, params: optax.Params, rate: float | jnp.ndarray) -> optax.Params:
+def ema_update(ema: optax.Params, params: optax.Params, rate: EmaRate) -> optax.Params:
     """One EMA step: rate*ema + (1-rate)*params, leaf by leaf, in the shadow's dtype; jit-friendly."""
-    return jax.tree.map(lambda e, p: (rate * e + (1.0 - rate) * p).astype(e.dtype), ema, params)
+    return jax.tree.map(lambda e, p: (rate.keep * e + rate.mix * p).astype(e.dtype), ema, params)
 
 
 def eval_params(params: optax.Params, ema: optax.Params | None) -> optax.Params:

@@ -1,8 +1,9 @@
 """Optimisers of the study (exp09): AdamATan2 (the baseline), AdamW and Lion for the dense
 parameters, and the sign-SGD of the puzzle-embedding table.
 
-All are optax transformations whose learning rate is a schedule of the 1-based update number, so the first
-update uses lr(1) = base/warmup as in the original (optax's own counters start at 0; we shift by one).
+All are optax transformations built for one update's learning rate, a float32 scalar (traced in the train step),
+which the train step computes on the host in float64 as the original does: `dense_lr_schedule` and
+`puzzle_emb_lr_schedule` at the 1-based update number, so the first update uses lr(1) = base/warmup.
 Weight decay is decoupled and multiplied by the learning rate in all of them: p <- p - lr*wd*p - lr*step,
 the decay using the old p. This is the AdamATan2 rule of the `adam-atan2` package and also what optax.adamw and optax.lion
 do (they chain `add_decayed_weights(wd)` before `scale_by_learning_rate(lr)`); tests/test_optim.py checks it.
@@ -10,10 +11,10 @@ Remaining differences between the three are the step direction itself: AdamW add
 where AdamATan2 uses atan2 with no epsilon; Lion steps by sign(b1*m + (1-b1)*g) and keeps no second moment.
 No optimizer clips gradients (the original does not).
 
-Typical use in a train step:
+Typical use in a train step, at its 1-based update number t:
 
-    dense_tx = build_optimizer(config["optim"], total_steps)
-    emb_tx = build_puzzle_emb_optimizer(config["optim"], total_steps)
+    dense_tx = build_optimizer(config["optim"], dense_lr_schedule(config["optim"], total_steps)(t))
+    emb_tx = build_puzzle_emb_optimizer(config["optim"], puzzle_emb_lr_schedule(config["optim"], total_steps)(t))
     updates, dense_state = dense_tx.update(dense_grads, dense_state, dense_params)
     dense_params = optax.apply_updates(dense_params, updates)
     updates, emb_state = emb_tx.update(emb_grad, emb_state, emb_table, touched=batch["puzzle_identifiers"])
@@ -22,6 +23,7 @@ Typical use in a train step:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -29,7 +31,7 @@ import jax.numpy as jnp
 import optax
 
 from trm.errors import UserError
-from trm.train.schedule import Schedule, make_lr_schedule
+from trm.train.schedule import make_lr_schedule
 
 OPTIMIZERS = ("adam_atan2", "adamw", "lion")
 
@@ -41,7 +43,7 @@ class AdamAtan2State(NamedTuple):
 
 
 def adam_atan2(
-    learning_rate: Schedule, b1: float, b2: float, weight_decay: float
+    learning_rate: float | jax.Array, b1: float, b2: float, weight_decay: float
 ) -> optax.GradientTransformation:
     """AdamATan2 exactly as the PyPI `adam-atan2` 0.0.3 kernel TRM ran, per element at update t:
 
@@ -50,7 +52,7 @@ def adam_atan2(
         p <- p - (lr_t / (1 - b1^t)) * atan2(m, sqrt(v) / sqrt(1 - b2^t))
 
     No epsilon, a = b = 1, weight decay on every leaf. Both terms use the old p, so the update returned is
-    -lr_t*wd*p - (lr_t/(1-b1^t))*atan2(...). `learning_rate` maps the 1-based t to lr_t. Moments and the
+    -lr_t*wd*p - (lr_t/(1-b1^t))*atan2(...). `learning_rate` is lr_t. Moments and the
     arithmetic are float32; the update is cast to each parameter's dtype.
     """
 
@@ -65,7 +67,7 @@ def adam_atan2(
             )
         count = optax.safe_increment(state.count)
         t = count.astype(jnp.float32)
-        lr = jnp.asarray(learning_rate(count), jnp.float32)
+        lr = jnp.asarray(learning_rate, jnp.float32)
         step_size = lr / (1.0 - b1**t)
         v_scale = jnp.sqrt(1.0 - b2**t)
         mu = jax.tree.map(lambda m, g: b1 * m + (1.0 - b1) * g.astype(jnp.float32), state.mu, grads)
@@ -89,7 +91,7 @@ class SignSgdState(NamedTuple):
 
 
 def puzzle_emb_sign_sgd(
-    learning_rate: Schedule, weight_decay: float
+    learning_rate: float | jax.Array, weight_decay: float
 ) -> optax.GradientTransformationExtraArgs:
     """Sign-SGD of the puzzle-embedding table (the original's sign-SGD of sparse embeddings): for each row touched by the batch,
 
@@ -111,7 +113,7 @@ def puzzle_emb_sign_sgd(
                 "puzzle_emb_sign_sgd needs the table: call update(grads, state, params, touched=...)"
             )
         count = optax.safe_increment(state.count)
-        lr = jnp.asarray(learning_rate(count), jnp.float32)
+        lr = jnp.asarray(learning_rate, jnp.float32)
 
         def update(p, g):
             mask = touched_rows(touched, p.shape[0]).reshape((-1,) + (1,) * (p.ndim - 1))
@@ -133,44 +135,41 @@ def touched_rows(touched: jnp.ndarray, num_rows: int) -> jnp.ndarray:
     return jnp.zeros(num_rows, jnp.bool_).at[touched.reshape(-1)].set(True, mode="drop")
 
 
-def dense_lr_schedule(optim_cfg: dict, total_steps: int) -> Schedule:
-    """Learning rate of the dense parameters per 1-based update (for the optimizer and for logging)."""
+def dense_lr_schedule(optim_cfg: dict, total_steps: int) -> Callable[[int], float]:
+    """Learning rate of the dense parameters per 1-based update, in float64 (for the train step and the logs)."""
     return make_lr_schedule(
         optim_cfg["lr"], optim_cfg["lr_warmup_steps"], total_steps, optim_cfg["lr_min_ratio"]
     )
 
 
-def puzzle_emb_lr_schedule(optim_cfg: dict, total_steps: int) -> Schedule:
+def puzzle_emb_lr_schedule(optim_cfg: dict, total_steps: int) -> Callable[[int], float]:
     """Learning rate of the puzzle-embedding table: its own base lr, the same warm-up/cosine shape."""
     return make_lr_schedule(
         optim_cfg["puzzle_emb_lr"], optim_cfg["lr_warmup_steps"], total_steps, optim_cfg["lr_min_ratio"]
     )
 
 
-def build_optimizer(optim_cfg: dict, total_steps: int) -> optax.GradientTransformation:
-    """Optimizer of the dense parameters selected by `optim.optimizer` (adam_atan2 | adamw | lion).
+def build_optimizer(optim_cfg: dict, learning_rate: float | jax.Array) -> optax.GradientTransformation:
+    """Optimizer of the dense parameters selected by `optim.optimizer` (adam_atan2 | adamw | lion), at
+    `learning_rate` (one update's).
 
-    Uses optim.lr / lr_warmup_steps / lr_min_ratio (schedule), beta1, beta2 and weight_decay; AdamW keeps
-    optax's eps = 1e-8. Raises UserError for an unknown optimizer name.
+    Uses optim.beta1, beta2 and weight_decay; AdamW keeps optax's eps = 1e-8. Raises UserError for an unknown
+    optimizer name.
     """
     name = optim_cfg["optimizer"]
-    schedule = dense_lr_schedule(optim_cfg, total_steps)
     b1, b2, wd = optim_cfg["beta1"], optim_cfg["beta2"], optim_cfg["weight_decay"]
     if name == "adam_atan2":
-        return adam_atan2(schedule, b1=b1, b2=b2, weight_decay=wd)
-
-    def from_zero(count):  # optax evaluates its schedules at the 0-based count
-        return schedule(count + 1)
-
+        return adam_atan2(learning_rate, b1=b1, b2=b2, weight_decay=wd)
     if name == "adamw":
-        return optax.adamw(from_zero, b1=b1, b2=b2, eps=1e-8, weight_decay=wd)
+        return optax.adamw(learning_rate, b1=b1, b2=b2, eps=1e-8, weight_decay=wd)
     if name == "lion":
-        return optax.lion(from_zero, b1=b1, b2=b2, weight_decay=wd)
+        return optax.lion(learning_rate, b1=b1, b2=b2, weight_decay=wd)
     raise UserError(f"optim.optimizer = {name!r}: unknown optimizer; choose one of {', '.join(OPTIMIZERS)}")
 
 
-def build_puzzle_emb_optimizer(optim_cfg: dict, total_steps: int) -> optax.GradientTransformationExtraArgs:
-    """Sign-SGD of the puzzle-embedding table with optim.puzzle_emb_lr and optim.puzzle_emb_weight_decay."""
-    return puzzle_emb_sign_sgd(
-        puzzle_emb_lr_schedule(optim_cfg, total_steps), weight_decay=optim_cfg["puzzle_emb_weight_decay"]
-    )
+def build_puzzle_emb_optimizer(
+    optim_cfg: dict, learning_rate: float | jax.Array
+) -> optax.GradientTransformationExtraArgs:
+    """Sign-SGD of the puzzle-embedding table at `learning_rate` (one update's), with
+    optim.puzzle_emb_weight_decay."""
+    return puzzle_emb_sign_sgd(learning_rate, weight_decay=optim_cfg["puzzle_emb_weight_decay"])

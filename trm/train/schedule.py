@@ -14,26 +14,25 @@ import jax.numpy as jnp
 
 from trm.errors import UserError
 
-Schedule = Callable[[jnp.ndarray | int | float], jnp.ndarray]
 
-
-def lr_at(step, base_lr: float, warmup_steps: int, total_steps: int, min_ratio: float) -> jnp.ndarray:
-    """Learning rate for the update numbered `step` (1 = first), as a float32 scalar; jit-friendly.
+def lr_at(step: int, base_lr: float, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
+    """Learning rate for the update numbered `step` (1 = first), in float64 on the host as the original computes
+    it (a Python float); the train step takes it, rounded to float32, as an input.
 
     Linear warm-up base*step/warmup while step < warmup, then a cosine from base down to base*min_ratio at
     total_steps (min_ratio 1.0 = constant). Progress is clipped to [0, 1]: the original never runs an update
     past total_steps, and when total_steps <= warmup there is no decay span, so the rate stays at base
     for step == warmup and at base*min_ratio afterwards. warmup_steps = 0 means no warm-up.
     """
-    step = jnp.asarray(step, jnp.float32)
-    warmup = float(warmup_steps)
-    warmup_lr = base_lr * step / max(warmup, 1.0)
-    progress = jnp.clip((step - warmup) / max(float(total_steps) - warmup, 1.0), 0.0, 1.0)
-    cosine_lr = base_lr * (min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + jnp.cos(jnp.pi * progress)))
-    return jnp.where(step < warmup, warmup_lr, cosine_lr).astype(jnp.float32)
+    if step < warmup_steps:
+        return base_lr * float(step) / float(max(1, warmup_steps))
+    progress = min(max(float(step - warmup_steps) / float(max(1, total_steps - warmup_steps)), 0.0), 1.0)
+    return base_lr * (min_ratio + max(0.0, (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))))
 
 
-def make_lr_schedule(base_lr: float, warmup_steps: int, total_steps: int, min_ratio: float) -> Schedule:
+def make_lr_schedule(
+    base_lr: float, warmup_steps: int, total_steps: int, min_ratio: float
+) -> Callable[[int], float]:
     """`lr_at` with its constants bound: a function step (1-based) -> learning rate."""
     if warmup_steps < 0 or total_steps < 0:
         raise UserError(f"lr schedule: warm-up ({warmup_steps}) and total steps ({total_steps}) must be >= 0")

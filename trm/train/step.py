@@ -4,7 +4,10 @@ The state is one pytree of plain arrays (pure dicts, no Flax objects), so orbax 
 sees no Python objects. One train step = one supervision step for every row: forward and
 backward of the ACT step, the dense optimizer, the puzzle-embedding sign-SGD and the EMA update, fused in
 one jitted function with no host round trip. Recursion depth (H_cycles, L_cycles) is static: the curriculum
-gets one compiled step per distinct value, cached in `TrainStep`.
+gets one compiled step per distinct value, cached in `TrainStep`. The hyperparameters that same-shaped runs of the
+study vary (learning rates and their schedules, EMA rate, step count) enter as inputs (`Hyperparameters`), not
+constants, so those runs share one compiled program through JAX's persistent compilation cache. Each update's
+learning rates are computed on the host in float64, as the original does.
 
 Data parallelism: the state lives on a one-axis mesh "data" of all devices (trm/run/distributed.py); the
 parameters, optimizer states and EMA are replicated, the ACT carry and the batch are split by rows. The
@@ -35,9 +38,15 @@ from trm.model.act import Carry, HaltDraws, act_step, halt_draws, initial_carry
 from trm.model.config import ModelConfig
 from trm.model.trm import TRM, split_state
 from trm.run.distributed import DATA_AXIS, batch_sharded, data_mesh, put_global, put_host_rows, replicated
-from trm.train.ema import ema_init, ema_update
+from trm.train.ema import EmaRate, ema_init, ema_rate, ema_update
 from trm.train.loss import METRIC_KEYS, act_loss
-from trm.train.optim import build_optimizer, build_puzzle_emb_optimizer, touched_rows
+from trm.train.optim import (
+    build_optimizer,
+    build_puzzle_emb_optimizer,
+    dense_lr_schedule,
+    puzzle_emb_lr_schedule,
+    touched_rows,
+)
 
 
 class TrainState(NamedTuple):
@@ -50,6 +59,14 @@ class TrainState(NamedTuple):
     carry: Carry
     rng: jax.Array  # raw key data (uint32), so it checkpoints as a plain array
     step: jax.Array  # int32 scalar: optimizer steps done
+
+
+class Hyperparameters(NamedTuple):
+    """One update's hyperparameter inputs of the train step: float32 scalars computed on the host."""
+
+    lr: np.float32  # of the dense parameters
+    puzzle_emb_lr: np.float32
+    ema: EmaRate
 
 
 class Model:
@@ -98,8 +115,9 @@ def abstract_state(model: Model, config: dict, total_steps: int, batch_rows: int
 
 
 def _fresh_state(model: Model, config: dict, total_steps: int, batch_rows: int) -> TrainState:
-    optimizer = build_optimizer(config["optim"], total_steps)
-    emb_optimizer = build_puzzle_emb_optimizer(config["optim"], total_steps)
+    # Initial optimizer states do not depend on the learning rate.
+    optimizer = build_optimizer(config["optim"], learning_rate=0.0)
+    emb_optimizer = build_puzzle_emb_optimizer(config["optim"], learning_rate=0.0)
     module = model.bind(model.init_params, model.init_puzzle_emb, model.init_buffers)
     return TrainState(
         params=model.init_params,
@@ -135,30 +153,40 @@ def check_train_config(train: dict, num_devices: int) -> None:
 
 
 class TrainStep:
-    """`step(state, batch, exploration_prob, cycles) -> (state, metric sums)`, compiled once per depth.
+    """`step(state, batch, exploration_prob, cycles, update=t) -> (state, metric sums)`, compiled once per depth.
 
-    `batch` holds this process's rows of the global batch (NumPy) or global arrays already on the mesh.
+    `batch` holds this process's rows of the global batch (NumPy) or global arrays already on the mesh; `update`
+    is the 1-based number of the update the step makes (it picks the learning rates).
     """
 
     def __init__(self, model: Model, config: dict, total_steps: int, mesh: Mesh | None = None) -> None:
         self.model = model
         self.config = config
         self.mesh = data_mesh() if mesh is None else mesh
-        self.optimizer = build_optimizer(config["optim"], total_steps)
-        self.emb_optimizer = build_puzzle_emb_optimizer(config["optim"], total_steps)
+        optim = config["optim"]
+        self.lr = dense_lr_schedule(optim, total_steps)
+        self.puzzle_emb_lr = puzzle_emb_lr_schedule(optim, total_steps)
+        self.ema_rate = ema_rate(optim["ema_rate"])
         self.global_batch_size = config["train"]["global_batch_size"]
         self.micro_batches = config["train"]["micro_batches"]
         check_train_config(config["train"], self.mesh.size)
         self._compiled = None  # built at the first call, when the state's structure is known
 
     def __call__(
-        self, state: TrainState, batch: dict, exploration_prob: jax.Array, cycles: tuple[int, int]
+        self, state: TrainState, batch: dict, exploration_prob, cycles: tuple[int, int], *, update: int
     ) -> tuple[TrainState, dict[str, jax.Array]]:
-        return self._jitted(state)(*self._inputs(state, batch, exploration_prob), cycles=cycles)
+        return self._jitted(state)(*self._inputs(state, batch, exploration_prob, update), cycles=cycles)
 
-    def lower(self, state: TrainState, batch: dict, exploration_prob: float, cycles: tuple[int, int]):
+    def lower(
+        self, state: TrainState, batch: dict, exploration_prob, cycles: tuple[int, int], *, update: int = 1
+    ):
         """The lowered step (for inspecting its HLO); arguments as for a call."""
-        return self._jitted(state).lower(*self._inputs(state, batch, exploration_prob), cycles=cycles)
+        return self._jitted(state).lower(*self._inputs(state, batch, exploration_prob, update), cycles=cycles)
+
+    def hyperparameters(self, update: int) -> Hyperparameters:
+        """The hyperparameter inputs of the 1-based `update`."""
+        lr, emb_lr = self.lr(update), self.puzzle_emb_lr(update)
+        return Hyperparameters(lr=np.float32(lr), puzzle_emb_lr=np.float32(emb_lr), ema=self.ema_rate)
 
     @property
     def compilations(self) -> int:
@@ -167,19 +195,24 @@ class TrainStep:
 
     def gradients(self, state: TrainState, batch: dict, exploration_prob: float, cycles: tuple[int, int]):
         """(new carry, metric sums, (param grads, puzzle-emb grads)) of one step, without the update (for tests)."""
-        state, batch, exploration_prob = self._inputs(state, batch, exploration_prob)
+        state, batch, exploration_prob, _ = self._inputs(state, batch, exploration_prob, update=1)
         key = jax.random.split(jax.random.wrap_key_data(state.rng))[1]
         run = jax.jit(self._accumulated_gradients, static_argnames="cycles")
         return run(state, batch, key, exploration_prob, cycles=cycles)[:3]
 
-    def _inputs(self, state: TrainState, batch: dict, exploration_prob) -> tuple:
+    def _inputs(self, state: TrainState, batch: dict, exploration_prob, update: int) -> tuple:
         # Global arrays, or abstract ones (jax.ShapeDtypeStruct with shardings) to compile ahead of time.
         abstract = (jax.Array, jax.ShapeDtypeStruct)
         if not all(isinstance(v, abstract) for v in batch.values()):
             batch = put_host_rows(batch, self.mesh)
-        if not isinstance(exploration_prob, abstract):
-            exploration_prob = put_global(np.float32(exploration_prob), replicated(self.mesh))
-        return state, batch, exploration_prob
+        whole = replicated(self.mesh)
+        hyper = self.hyperparameters(update)
+        if isinstance(exploration_prob, jax.ShapeDtypeStruct):
+            scalar = jax.ShapeDtypeStruct((), jnp.float32, sharding=whole)
+            return state, batch, exploration_prob, jax.tree.map(lambda _: scalar, hyper)
+        if not isinstance(exploration_prob, jax.Array):
+            exploration_prob = put_global(np.float32(exploration_prob), whole)
+        return state, batch, exploration_prob, jax.tree.map(lambda x: put_global(x, whole), hyper)
 
     def _jitted(self, state: TrainState):
         # Explicit output shardings: the new state must carry exactly the shardings of the state it came from
@@ -281,24 +314,33 @@ class TrainStep:
         metrics, grads, touched = jax.lax.psum((metrics, grads, touched), DATA_AXIS)
         return new_carry, metrics, grads, touched > 0
 
-    def _step(self, state: TrainState, batch: dict, exploration_prob: jax.Array, *, cycles: tuple[int, int]):
+    def _step(
+        self,
+        state: TrainState,
+        batch: dict,
+        exploration_prob: jax.Array,
+        hyper: Hyperparameters,
+        *,
+        cycles: tuple[int, int],
+    ):
         key, step_key = jax.random.split(jax.random.wrap_key_data(state.rng))
         carry, metrics, (grads, emb_grads), touched = self._accumulated_gradients(
             state, batch, step_key, exploration_prob, cycles
         )
-        emb_updates, emb_opt_state = self.emb_optimizer.update(
+        optim = self.config["optim"]
+        emb_optimizer = build_puzzle_emb_optimizer(optim, hyper.puzzle_emb_lr)
+        emb_updates, emb_opt_state = emb_optimizer.update(
             emb_grads, state.puzzle_emb_opt_state, state.puzzle_emb, touched=touched
         )
-        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+        updates, opt_state = build_optimizer(optim, hyper.lr).update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        optim = self.config["optim"]
         new_state = TrainState(
             params=params,
             puzzle_emb=optax.apply_updates(state.puzzle_emb, emb_updates),
             buffers=state.buffers,
             opt_state=opt_state,
             puzzle_emb_opt_state=emb_opt_state,
-            ema=None if state.ema is None else ema_update(state.ema, params, optim["ema_rate"]),
+            ema=None if state.ema is None else ema_update(state.ema, params, hyper.ema),
             carry=carry,
             rng=jax.random.key_data(key),
             step=state.step + 1,

@@ -24,7 +24,6 @@ from trm.train.data import TrainBatches
 from trm.train.ema import eval_params
 from trm.train.evaluator import Evaluator, evaluate
 from trm.train.hostlog import HostLog
-from trm.train.optim import dense_lr_schedule
 from trm.train.records import MetricsLog, MetricWindow, best_evaluation, halt_step_moments
 from trm.train.schedule import cycles_at, halt_exploration_at
 from trm.train.step import Model, TrainState, TrainStep, check_train_config, init_state
@@ -82,7 +81,6 @@ class Trainer:
             self.process_count,
         )
         self.total_steps = (tc["epochs"] // tc["eval_interval"]) * self.batches.batches_per_iter
-        self.lr = dense_lr_schedule(config["optim"], self.total_steps)
         self.model = Model(self.model_cfg, seed=tc["seed"])
         self.train_step = TrainStep(self.model, config, self.total_steps, self.mesh)
         self.evaluator = Evaluator(self.model, (tc["eval_steps"],), self.mesh)
@@ -244,7 +242,7 @@ class Trainer:
             done = step + 1
             with self.timings.phase("train"):
                 state, metrics = self.train_step(
-                    state, self.batches.batch(step).as_dict(), exploration, cycles
+                    state, self.batches.batch(step).as_dict(), exploration, cycles, update=done
                 )
                 window.add(metrics)
                 if done % self.log_every == 0 or done % self.batches.batches_per_iter == 0:
@@ -297,7 +295,7 @@ class Trainer:
             "kind": "train",
             "step": step,
             "epoch": self.batches.epoch_at(step),
-            "lr": float(self.lr(step)),
+            "lr": self.train_step.lr(step),
             "examples_per_s": examples / max(seconds, 1e-9),
             "lm_loss": sums["lm_loss"] / examples,
             "q_halt_loss": sums["q_halt_loss"] / examples,
