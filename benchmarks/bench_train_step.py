@@ -2,9 +2,11 @@
 
 For each case (hidden width, forward dtype) of the Sudoku MLP-T baseline, builds the model, optimizers and
 state exactly as the trainer does (load_config over config/base.yaml, Model, TrainStep, init_state), feeds
-random Sudoku-shaped batches and times steady-state steps. In the same run, and interleaved with the train
-steps so that load from other processes hits both alike, it times a plain jitted square matmul of the
-same total FLOP count as one train step. Reported per case:
+random Sudoku-shaped batches and times steady-state steps. In the same run it times a plain jitted square matmul of the same total FLOP count as one train step,
+and with --torch, after every case, a PyTorch transcription of the step (not interleaved: PyTorch's OpenMP
+workers spin on the cores after each of its steps and slow whatever runs next). The process runs under
+the allocator setting the workflow's hosts get (trm.launch.local.MALLOC_HUGE_PAGES), re-executing itself if
+needed; --default-malloc keeps the environment as it is. Reported per case:
 
 - examples/s and achieved GFLOP/s (examples/s x flops_per_example_step, trm/model/flops.py);
 - achieved / matmul: the fraction of this CPU's plain-matmul rate the step reaches (transfers across
@@ -13,12 +15,13 @@ same total FLOP count as one train step. Reported per case:
   with --torch, to a PyTorch transcription of the step run here (needs `pip install torch`);
 - compile time (first call minus a steady step) and the compile count after warm-up (must stay 1).
 
-Absolute figures drift with machine load; compare the ratios. Each step is also timed in process CPU
-seconds, which load from other processes inflates far less than wall time (on a machine shared by other
-jobs, the "(cpu)" ratio is the steadier one). XLA_FLAGS, if set, is printed with the table.
+Absolute figures drift with machine load; compare the ratios, on an otherwise idle machine. Each step is also
+timed in process CPU seconds, which load from other processes inflates far less than wall time (on a machine
+shared by other jobs, the "(cpu)" ratio is the steadier one). XLA_FLAGS and GLIBC_TUNABLES are printed with the
+table.
 
     .venv/bin/python benchmarks/bench_train_step.py [--cases 512:float32 512:bfloat16 128:float32]
-        [--batch 16] [--steps 5] [--torch]
+        [--batch 16] [--steps 5] [--torch] [--default-malloc]
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import argparse
 import math
 import os
 import statistics
+import sys
 import time
 
 import jax
@@ -35,6 +39,7 @@ import numpy as np
 
 from trm.config import load_config
 from trm.data.format import sudoku_metadata
+from trm.launch.local import MALLOC_HUGE_PAGES, with_tunable
 from trm.model.config import ModelConfig
 from trm.model.flops import flops_per_example_step
 from trm.model.layers import swiglu_width
@@ -191,7 +196,7 @@ class TorchTrainStep:
         return timed(self.step)
 
 
-def bench_case(width: int, dtype: str, batch: int, steps: int, torch_step) -> dict:
+def bench_case(width: int, dtype: str, batch: int, steps: int) -> dict:
     overrides = [
         f"arch.hidden_size={width}",
         f"arch.forward_dtype={dtype}",
@@ -215,12 +220,8 @@ def bench_case(width: int, dtype: str, batch: int, steps: int, torch_step) -> di
     first, _ = timed(lambda: one_step(0))
     one_step_flops = batch * flops_per_example_step(cfg)
     baseline = MatmulBaseline(one_step_flops, dtype)
-    step_times, matmul_times, torch_times = [], [], []
-    for i in range(1, steps + 1):
-        step_times.append(timed(lambda i=i: one_step(i)))
-        matmul_times.append(baseline.time())
-        if torch_step is not None:
-            torch_times.append(torch_step.time())
+    step_times = [timed(lambda i=i: one_step(i)) for i in range(1, steps + 1)]
+    matmul_times = [baseline.time() for _ in range(steps)]
     step_s, step_cpu_s = (statistics.median(t) for t in zip(*step_times, strict=True))
     matmul_s, matmul_cpu_s = (statistics.median(t) for t in zip(*matmul_times, strict=True))
     examples_per_s = batch / step_s
@@ -233,8 +234,9 @@ def bench_case(width: int, dtype: str, batch: int, steps: int, torch_step) -> di
         "ratio_matmul": (one_step_flops / step_s) / (baseline.flops / matmul_s),
         "ratio_matmul_cpu": (one_step_flops / step_cpu_s) / (baseline.flops / matmul_cpu_s),
         "ratio_original": examples_per_s / ORIGINAL_EXAMPLES_PER_S.get((width, dtype), float("nan")),
-        "torch_examples_per_s": batch / statistics.median(t[0] for t in torch_times) if torch_times else None,
-        "torch_cpu_s": statistics.median(t[1] for t in torch_times) if torch_times else None,
+        "torch_examples_per_s": None,
+        "ratio_torch": None,
+        "torch_cpu_s": None,
         "step_s": step_s,
         "step_cpu_s": step_cpu_s,
         "compile_s": first - step_s,
@@ -244,28 +246,30 @@ def bench_case(width: int, dtype: str, batch: int, steps: int, torch_step) -> di
 
 def print_table(rows: list[dict], batch: int) -> None:
     print(
-        f"\nbatch {batch}, {jax.device_count()} CPU device(s), XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}"
+        f"\nbatch {batch}, {jax.device_count()} CPU device(s), XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}, "
+        f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r}"
     )
     header = (
         f"{'case':<14} {'ex/s':>6} {'GFLOP/s':>7} {'matmul GFLOP/s (n)':>18} {'/matmul':>7} {'(cpu)':>6} "
-        f"{'/original':>9} {'torch ex/s (cpu s)':>18} {'step s':>6} {'cpu s':>6} {'compile s':>9} {'compiles':>8}"
+        f"{'/original':>9} {'torch ex/s (cpu s) ours/it':>26} {'step s':>6} {'cpu s':>6} {'compile s':>9} {'compiles':>8}"
     )
     print(header)
     print("-" * len(header))
     for r in rows:
         torch_text = "-"
         if r["torch_examples_per_s"] is not None:
-            torch_text = f"{r['torch_examples_per_s']:.2f} ({r['torch_cpu_s']:.2f})"
+            torch_text = f"{r['torch_examples_per_s']:.2f} ({r['torch_cpu_s']:.2f}) x{r['ratio_torch']:.2f}"
         matmul = f"{r['matmul_gflops']:.0f} ({r['matmul_n']})"
         print(
             f"{r['case']:<14} {r['examples_per_s']:6.2f} {r['gflops']:7.1f} {matmul:>18} "
-            f"{r['ratio_matmul']:7.2f} {r['ratio_matmul_cpu']:6.2f} {r['ratio_original']:9.2f} {torch_text:>18} "
+            f"{r['ratio_matmul']:7.2f} {r['ratio_matmul_cpu']:6.2f} {r['ratio_original']:9.2f} {torch_text:>26} "
             f"{r['step_s']:6.2f} {r['step_cpu_s']:6.2f} {r['compile_s']:9.1f} {r['compilations']:8d}"
         )
     print(
         "/matmul: achieved FLOP/s over the plain matmul's, from wall time and (cpu) from process CPU time;\n"
         "/original: examples/s over the original PyTorch TRM's in spec performance.md (batch 16, 2 cores);\n"
-        "cpu s: process CPU seconds per step (both threads); torch: the --torch transcription, same run"
+        "cpu s: process CPU seconds per step (both threads); torch: the --torch transcription, same run, and our\n"
+        "examples/s over its"
     )
 
 
@@ -289,15 +293,32 @@ def main() -> None:
         help="also time a PyTorch transcription of the step (pip install torch)",
     )
     parser.add_argument("--torch-threads", type=int, default=2, help="torch.set_num_threads (default 2)")
+    parser.add_argument(
+        "--default-malloc",
+        action="store_true",
+        help="run under the environment's allocator settings, not the workflow hosts' huge pages",
+    )
     args = parser.parse_args()
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    if not args.default_malloc and with_tunable(tunables, *MALLOC_HUGE_PAGES) != tunables:
+        # glibc reads its tunables only when a process starts.
+        os.environ["GLIBC_TUNABLES"] = with_tunable(tunables, *MALLOC_HUGE_PAGES)
+        os.execv(sys.executable, [sys.executable, *sys.argv])
     rows = []
     for width, dtype in args.cases:
-        torch_step = None
-        if args.torch:
+        rows.append(bench_case(width, dtype, args.batch, args.steps))
+        print(rows[-1], flush=True)
+    # PyTorch only after every JAX case: interleaved with its steps, ours ran at half speed (hidden 128: 21 against
+    # 45 examples/s alone), as PyTorch's OpenMP workers go on spinning on both cores after each of its steps.
+    if args.torch:
+        for row, (width, dtype) in zip(rows, args.cases, strict=True):
             torch_step = TorchTrainStep(width, dtype, args.batch, args.torch_threads)
             torch_step.step()  # warm-up
-        rows.append(bench_case(width, dtype, args.batch, args.steps, torch_step))
-        print(rows[-1], flush=True)
+            times = [torch_step.time() for _ in range(args.steps)]
+            wall, cpu = (statistics.median(t) for t in zip(*times, strict=True))
+            row.update(
+                torch_examples_per_s=args.batch / wall, torch_cpu_s=cpu, ratio_torch=wall / row["step_s"]
+            )
     print_table(rows, args.batch)
 
 

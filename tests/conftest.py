@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from trm.launch.local import MALLOC_HUGE_PAGES, with_tunable
+
 pytest_plugins = ["gcs_emulator", "fake_tpu"]  # GCS emulator and fake gcloud fixtures (tests/*.py)
 
 # One persistent XLA compilation cache for the session, inherited by every subprocess (trainers, hosts): the
@@ -26,6 +28,9 @@ if "xla_llvm_disable_expensive_passes" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (
         f"{os.environ.get('XLA_FLAGS', '')} --xla_llvm_disable_expensive_passes=true".strip()
     )
+# The allocator setting of the workflow's hosts (trm/launch/local.py), inherited by the xdist workers started
+# after this: glibc reads it only when a process starts.
+os.environ["GLIBC_TUNABLES"] = with_tunable(os.environ.get("GLIBC_TUNABLES", ""), *MALLOC_HUGE_PAGES)
 
 # Test modules by decreasing run time, run first: with `pytest -n 2 --dist loadfile` (make test) each module goes
 # to one worker, and starting with the longest ones lets the two workers finish at about the same time.

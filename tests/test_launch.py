@@ -79,6 +79,14 @@ def test_host_environments():
     assert second["TRM_HEARTBEAT_TIMEOUT"] == "5"  # the user's setting wins over the launcher's default
     assert second["TRM_SHUTDOWN_TIMEOUT"] == "10"
     assert base["TRM_COORDINATOR"] == "stale:1"  # the caller's mapping is not modified
+    assert single["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+
+
+def test_hosts_get_malloc_on_huge_pages_unless_the_user_chose():
+    own = {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=0"}
+    assert host_environment(own, 1, 1, 0, 1)["GLIBC_TUNABLES"] == own["GLIBC_TUNABLES"]
+    other = host_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, 1, 1, 0, 1)
+    assert other["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
 
 
 def test_jobs_of_the_workflow_get_one_xla_thread_unless_the_user_chose():
