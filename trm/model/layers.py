@@ -53,12 +53,6 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return (x32 * cos[:, None, :] + rotated * sin[:, None, :]).astype(x.dtype)
 
 
-def silu(x: jax.Array) -> jax.Array:
-    """x * sigmoid(x) computed in float32 and rounded once to x's dtype, as PyTorch's SiLU kernel does for
-    bfloat16 and float16 (jax.nn.silu in bfloat16 would round after each of its four operations)."""
-    return jax.nn.silu(x.astype(jnp.float32)).astype(x.dtype)
-
-
 class Linear(nnx.Module):
     """y = x @ W (+ b); LeCun truncated-normal init (std 1/sqrt(in_features)); weights cast to x's dtype."""
 
@@ -93,12 +87,12 @@ class SwiGLU(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         gate, up = jnp.split(self.gate_up_proj(x), 2, axis=-1)
-        return self.down_proj(silu(gate) * up)
+        return self.down_proj(jax.nn.silu(gate) * up)
 
     def along_leading_axis(self, x: jax.Array) -> jax.Array:
         """The same SwiGLU applied along the leading axis of x (e.g. the sequence axis of [S, B, D])."""
         gate, up = jnp.split(self.gate_up_proj.along_leading_axis(x), 2, axis=0)
-        return self.down_proj.along_leading_axis(silu(gate) * up)
+        return self.down_proj.along_leading_axis(jax.nn.silu(gate) * up)
 
 
 class Attention(nnx.Module):
