@@ -2,11 +2,12 @@
 
 For each case (hidden width, forward dtype) of the Sudoku MLP-T baseline, builds the model, optimizers and
 state exactly as the trainer does (load_config over config/base.yaml, Model, TrainStep, init_state), feeds
-random Sudoku-shaped batches and times steady-state steps. In the same run it times a plain jitted square matmul of the same total FLOP count as one train step,
-and with --torch, after every case, a PyTorch transcription of the step (not interleaved: PyTorch's OpenMP
-workers spin on the cores after each of its steps and slow whatever runs next). The process runs under
-the allocator setting the workflow's hosts get (trm.launch.local.MALLOC_HUGE_PAGES), re-executing itself if
-needed; --default-malloc keeps the environment as it is. Reported per case:
+random Sudoku-shaped batches and times steady-state steps. In the same run it times a plain jitted square
+matmul of the same total FLOP count as one train step and, with --torch, after every case, a PyTorch
+transcription of the step (not interleaved: PyTorch's OpenMP workers spin on the cores after each of its steps
+and slow whatever runs next). The process runs under the allocator setting the workflow's hosts get
+(trm.launch.local.MALLOC_HUGE_PAGES), re-executing itself if needed; --default-malloc keeps the environment as
+it is. Reported per case:
 
 - examples/s and achieved GFLOP/s (examples/s x flops_per_example_step, trm/model/flops.py);
 - achieved / matmul: the fraction of this CPU's plain-matmul rate the step reaches (transfers across
@@ -251,7 +252,8 @@ def print_table(rows: list[dict], batch: int) -> None:
     )
     header = (
         f"{'case':<14} {'ex/s':>6} {'GFLOP/s':>7} {'matmul GFLOP/s (n)':>18} {'/matmul':>7} {'(cpu)':>6} "
-        f"{'/original':>9} {'torch ex/s (cpu s) ours/it':>26} {'step s':>6} {'cpu s':>6} {'compile s':>9} {'compiles':>8}"
+        f"{'/original':>9} {'torch ex/s (cpu s) ours/it':>26} {'step s':>6} {'cpu s':>6} {'compile s':>9} "
+        f"{'compiles':>8}"
     )
     print(header)
     print("-" * len(header))

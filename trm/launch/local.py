@@ -31,8 +31,8 @@ LOCAL_TIMEOUTS = {
 PREEMPTED_GRACE_S = 60.0  # how long the other hosts may take to follow one that stopped with code 42
 # glibc's malloc hands XLA:CPU's large per-step buffers back to the kernel after every step, and the next step
 # faults them in again page by page (the smoke baseline: 42,700 page faults and 0.07 s of system time in a
-# 0.215 s step). With transparent huge pages requested for malloc's own mappings the step faults 300 pages and
-# takes 0.15-0.20 s; a hidden-128 float32 step 0.42-0.43 s -> 0.31-0.36 s. Only allocation changes, not results.
+# 0.215 s step). With transparent huge pages requested for malloc's own mappings the step faults 300 pages
+# and takes 0.15-0.20 s; a hidden-128 float32 step 0.42-0.43 s -> 0.31-0.36 s. Results do not change.
 # Needs glibc >= 2.35 and transparent huge pages set to "madvise" or "always" (elsewhere it is ignored).
 MALLOC_HUGE_PAGES = ("glibc.malloc.hugetlb", "1")
 
