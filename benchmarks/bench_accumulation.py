@@ -48,7 +48,7 @@ def main() -> None:
         config = load_config("config/base.yaml", sets, base=None)
         model = Model(ModelConfig.from_dict(config["arch"], sudoku_metadata(1000)), seed=0)
         step = TrainStep(model, config, total_steps=1000)
-        state = init_state(model, config, 1000, args.batch)
+        state = init_state(model, config, args.batch)
         cycles = (config["arch"]["H_cycles"], config["arch"]["L_cycles"])
         memory = step.lower(state, batch, 0.1, cycles).compile().memory_analysis()
         state, metrics = step(state, batch, 0.1, cycles, update=1)  # compile

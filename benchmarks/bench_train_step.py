@@ -207,7 +207,7 @@ def bench_case(width: int, dtype: str, batch: int, steps: int) -> dict:
     cfg = ModelConfig.from_dict(config["arch"], SUDOKU_META)
     model = Model(cfg, seed=0)
     train_step = TrainStep(model, config, TOTAL_STEPS)
-    state = init_state(model, config, TOTAL_STEPS, batch)
+    state = init_state(model, config, batch)
     cycles = (cfg.H_cycles, cfg.L_cycles)
     exploration = jnp.float32(cfg.halt_exploration_prob)
     rng = np.random.default_rng(0)

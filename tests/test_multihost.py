@@ -250,7 +250,7 @@ STEP_PROBE = textwrap.dedent(
         config = load_config("config/base.yaml", [f"{k}={v}" for k, v in extra.items()], base=None)
         model = Model(ModelConfig.from_dict(config["arch"], split.metadata), seed=0)
         step = TrainStep(model, config, total_steps=10)
-        state = init_state(model, config, 10, 16)
+        state = init_state(model, config, 16)
         batch = TrainBatches(split, 16, 1, seed=0).batch(0).as_dict()
         out[name] = {"param_leaves": len(jax.tree.leaves(state.params))}
         if "grads" in probes:

@@ -250,7 +250,7 @@ def test_exploration_probability_reaches_the_compiled_step(easy_data, tmp_path):
     step = TrainStep(model, config, total_steps=10)
     halted = {}
     for prob in (0.0, 1.0):
-        state = init_state(model, config, 10, 8)
+        state = init_state(model, config, 8)
         q_head = dict(state.params["q_head"], bias=jnp.array([5.0, -5.0]))  # q_halt > 0: halt now
         state = state._replace(params=dict(state.params, q_head=q_head))
         state, _ = step(state, batch, jnp.float32(prob), (2, 2), update=1)
@@ -282,7 +282,7 @@ def test_runs_differing_in_learning_rates_ema_rate_or_length_share_one_program(e
         config = load_config("config/base.yaml", [f"{k}={v}" for k, v in {**TINY, **sets}.items()], base=None)
         model = Model(ModelConfig.from_dict(config["arch"], split.metadata), seed=0)
         step = TrainStep(model, config, total_steps=total_steps)
-        state = init_state(model, config, total_steps, 8)
+        state = init_state(model, config, 8)
         programs[name] = step.lower(state, batch, 0.1, (2, 2), update=3).as_text()
         assert step.hyperparameters(3).lr == np.float32(
             config["optim"]["lr"] * 3 / 5
@@ -375,7 +375,7 @@ def test_remat_recomputes_the_differentiated_recursion_with_the_same_gradients(e
         config = load_config("config/base.yaml", overrides, base=None)
         model = Model(ModelConfig.from_dict(config["arch"], split.metadata), seed=0)
         step = TrainStep(model, config, total_steps=10)
-        state = init_state(model, config, 10, 16)
+        state = init_state(model, config, 16)
         grads[remat] = step.gradients(state, batch, 0.0, (2, 4))[2]
         compiled = step.lower(state, batch, 0.0, (2, 4)).compile().as_text()
         matmuls[remat] = len(re.findall(r" dot\(", compiled))

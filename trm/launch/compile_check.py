@@ -149,11 +149,10 @@ def compile_steps(config: dict, chip: Accelerator) -> dict:
     cfg = ModelConfig.from_dict(config["arch"], sudoku_metadata(1))
     model = Model(cfg, seed=0)
     rows = config["train"]["global_batch_size"]
-    total_steps = 1000  # the schedule's length changes constants only
-    state = abstract_state(model, config, total_steps, rows, mesh)
+    state = abstract_state(model, config, rows, mesh)
     batch = abstract_batch(cfg, rows, mesh)
     exploration = jax.ShapeDtypeStruct((), np.float32, sharding=replicated(mesh))
-    step = TrainStep(model, config, total_steps=total_steps, mesh=mesh)
+    step = TrainStep(model, config, total_steps=1000, mesh=mesh)  # the length only sets host-side inputs
     train = step.lower(state, batch, exploration, (cfg.H_cycles, cfg.L_cycles))
     weights = jax.tree.map(
         lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated(mesh)),

@@ -89,24 +89,22 @@ class Model:
         return nnx.merge(self.graphdef, *templates)
 
 
-def init_state(
-    model: Model, config: dict, total_steps: int, batch_rows: int, mesh: Mesh | None = None
-) -> TrainState:
+def init_state(model: Model, config: dict, batch_rows: int, mesh: Mesh | None = None) -> TrainState:
     """Fresh state on `mesh` (default: all devices): initial parameters, optimizer states, EMA, all-halted carry.
 
     Every process computes the same values (same seeds); the carry's rows are split over the mesh.
     """
     mesh = data_mesh() if mesh is None else mesh
-    state = _fresh_state(model, config, total_steps, batch_rows)
+    state = _fresh_state(model, config, batch_rows)
     # Each leaf becomes its own global buffer (the EMA starts as the params, z_H and z_L as one zero array),
     # since the train step donates the state.
     return jax.tree.map(put_global, state, state_shardings(state, mesh))
 
 
-def abstract_state(model: Model, config: dict, total_steps: int, batch_rows: int, mesh: Mesh) -> TrainState:
+def abstract_state(model: Model, config: dict, batch_rows: int, mesh: Mesh) -> TrainState:
     """The fresh state's shapes, dtypes and shardings on `mesh`, nothing allocated: for compiling ahead of time
     (e.g. for a TPU topology's devices, which this machine cannot hold arrays on)."""
-    shapes = jax.eval_shape(lambda: _fresh_state(model, config, total_steps, batch_rows))
+    shapes = jax.eval_shape(lambda: _fresh_state(model, config, batch_rows))
     return jax.tree.map(
         lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
         shapes,
@@ -114,8 +112,8 @@ def abstract_state(model: Model, config: dict, total_steps: int, batch_rows: int
     )
 
 
-def _fresh_state(model: Model, config: dict, total_steps: int, batch_rows: int) -> TrainState:
-    # Initial optimizer states do not depend on the learning rate.
+def _fresh_state(model: Model, config: dict, batch_rows: int) -> TrainState:
+    # Initial optimizer states do not depend on the learning rate (nor, then, on the run's length).
     optimizer = build_optimizer(config["optim"], learning_rate=0.0)
     emb_optimizer = build_puzzle_emb_optimizer(config["optim"], learning_rate=0.0)
     module = model.bind(model.init_params, model.init_puzzle_emb, model.init_buffers)

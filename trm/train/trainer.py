@@ -141,9 +141,7 @@ class Trainer:
 
     def _run(self) -> int:
         with self.timings.phase("init"):
-            state = init_state(
-                self.model, self.config, self.total_steps, self.train_cfg["global_batch_size"], self.mesh
-            )
+            state = init_state(self.model, self.config, self.train_cfg["global_batch_size"], self.mesh)
         start = self.checkpoints.latest_step()
         window = MetricWindow()
         if start is not None:

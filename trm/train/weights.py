@@ -168,9 +168,7 @@ def write_run_dir(
             f"{run_dir}: already holds a run ({layout.CONFIG} or {layout.CHECKPOINTS}/); choose a new --out"
         )
     model = Model(model_cfg, seed=config["train"]["seed"])
-    # The optimizer's state layout does not depend on the schedule's length, so 1 step is enough here;
-    # the trainer rebuilds its optimizer for the real length when it resumes.
-    state = init_state(model, config, total_steps=1, batch_rows=config["train"]["global_batch_size"])
+    state = init_state(model, config, batch_rows=config["train"]["global_batch_size"])
     dense = jax.tree.map(jnp.asarray, params)
     state = state._replace(
         params=dense,
