@@ -22,9 +22,14 @@ run: $(STAMP)
 
 # Two pytest workers, one test module each at a time (module fixtures are built once); TEST_WORKERS=0 runs serially.
 TEST_WORKERS ?= 2
+# tests/system_guard.py records the machine's /usr/bin (through its links) and the user's trm and snakemake
+# folders before the suite and fails the run if the suite changed any of them.
+GUARD := $(VENV)/system-guard.json
 test: $(STAMP)
 	$(BIN)/ruff check trm tests benchmarks
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python tests/system_guard.py snapshot $(GUARD)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile; status=$$?; \
+	$(BIN)/python tests/system_guard.py compare $(GUARD) || status=1; exit $$status
 
 lint: $(STAMP)
 	$(BIN)/ruff check trm tests benchmarks

@@ -22,6 +22,12 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+# Dataset copies fetched by trainers and evaluators go to a session folder, never the user's ~/.cache/trm
+# (tests write only inside their own temporary folders; tests/system_guard.py checks it).
+if "TRM_CACHE_DIR" not in os.environ:
+    _datasets = tempfile.mkdtemp(prefix="trm-tests-datasets-")
+    atexit.register(shutil.rmtree, _datasets, ignore_errors=True)
+    os.environ["TRM_CACHE_DIR"] = _datasets
 # Skip LLVM's expensive optimisation passes: the tests' programs are tiny, so compiling costs more than running
 # (a smoke training: 25 s -> 21 s, same accuracy). Every comparison in the suite runs under the same flags.
 if "xla_llvm_disable_expensive_passes" not in os.environ.get("XLA_FLAGS", ""):
