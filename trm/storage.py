@@ -261,8 +261,10 @@ def _cannot_write(shown: str, err: OSError) -> UserError:
     elif err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         hint = "choose a writable place or make its folder writable"
     elif err.errno in (errno.ENOTDIR, errno.EEXIST):
-        parents = reversed(Path(os.path.abspath(shown)).parents)
-        blocker = next((p for p in parents if p.exists() and not p.is_dir()), None)
+        failed = Path(os.path.abspath(err.filename or shown))  # the folder that could not be made
+        blocker = next(
+            (p for p in [*reversed(failed.parents), failed] if p.exists() and not p.is_dir()), None
+        )
         reason = f"{blocker} is a file, not a folder" if blocker else reason
         hint = "choose another path"
     else:
