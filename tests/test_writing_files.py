@@ -67,7 +67,8 @@ def _entries(folder: Path) -> list[str]:
 def test_the_issues_dev_full_fails_in_one_line_and_stays_a_device():
     assert _is_device(Path("/dev/full"), FULL_DEVICE)
     done = _trm(["config", EXPERIMENT, "--output", "/dev/full"])
-    _one_error_line(done, "trm config: error: cannot write /dev/full: No space left on device")
+    line = _one_error_line(done, "trm config: error: cannot write /dev/full: No space left on device")
+    assert "unchanged" not in line  # written in place: no old content to keep
     assert _is_device(Path("/dev/full"), FULL_DEVICE)
 
 
@@ -169,7 +170,8 @@ def test_a_full_disk_during_an_atomic_write_keeps_the_old_file(tmp_path: Path):
     destination = tmp_path / "config.json"
     destination.write_text("old\n")
     done = _trm(["config", EXPERIMENT, "--output", str(destination)], _files_up_to(100))
-    _one_error_line(done, f"cannot write {destination}: File too large; free some space")
+    line = _one_error_line(done, f"cannot write {destination}: File too large; free some space")
+    assert line.endswith("(what was there is unchanged)")
     assert destination.read_text() == "old\n"
     assert _entries(tmp_path) == ["config.json"]  # the temporary file is gone
     # The same command with room to write replaces the file.

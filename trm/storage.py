@@ -163,15 +163,14 @@ class _Sink:
     """The stream `local_writer` yields: `write(bytes)`, whose failure (a full disk) is a UserError naming the
     destination, so a caller's own errors (a download's) stay apart from the write's."""
 
-    def __init__(self, stream: BinaryIO, shown: str) -> None:
+    def __init__(self, stream: BinaryIO, shown: str, atomic: bool) -> None:
         self._stream = stream
         self._shown = shown
+        self._atomic = atomic
 
     def write(self, data: bytes) -> int:
-        try:
+        with _reported(self._shown, self._atomic):
             return self._stream.write(data)
-        except OSError as err:
-            raise _cannot_write(self._shown, err) from None
 
 
 @contextmanager
@@ -193,7 +192,7 @@ def local_writer(path: str | os.PathLike) -> Iterator[_Sink]:
     shown = str(path)
     target = Path(os.path.abspath(os.path.expanduser(shown)))
     real = Path(os.path.realpath(target))
-    with _reported(shown):
+    with _reported(shown, atomic=True):  # nothing was touched yet
         status = os.stat(real) if real.exists() else None
     if status is not None and stat.S_ISDIR(status.st_mode):
         raise UserError(f"cannot write {shown}: it is a folder; give the path of a file in it")
@@ -208,11 +207,11 @@ def local_writer(path: str | os.PathLike) -> Iterator[_Sink]:
 
 def _write_in_place(target: Path, shown: str) -> Iterator[_Sink]:
     """Open the existing `target` for writing, never creating or renaming anything."""
-    with _reported(shown):
+    with _reported(shown, atomic=False):
         stream = open(os.open(target, os.O_WRONLY | os.O_TRUNC), "wb")
     try:
-        yield _Sink(stream, shown)
-        with _reported(shown):
+        yield _Sink(stream, shown, atomic=False)
+        with _reported(shown, atomic=False):
             stream.close()
     finally:
         with suppress(OSError):  # a write already failed: that is the error to report
@@ -221,18 +220,18 @@ def _write_in_place(target: Path, shown: str) -> Iterator[_Sink]:
 
 def _replace_atomically(target: Path, status: os.stat_result | None, shown: str) -> Iterator[_Sink]:
     """Write a temporary file beside `target` and rename it over `target` (see `local_writer`)."""
-    with _reported(shown):
+    with _reported(shown, atomic=True):
         target.parent.mkdir(parents=True, exist_ok=True)
         # os.open applies the umask to 0o666 (mkstemp would make the file 0600, unreadable to anyone else).
         tmp = target.with_name(f".{target.name}.tmp-{secrets.token_hex(6)}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     stream = open(fd, "wb")
     try:
-        with _reported(shown):
+        with _reported(shown, atomic=True):
             if status is not None:
                 os.fchmod(fd, stat.S_IMODE(status.st_mode))
-        yield _Sink(stream, shown)
-        with _reported(shown):
+        yield _Sink(stream, shown, atomic=True)
+        with _reported(shown, atomic=True):
             stream.flush()
             os.fsync(fd)
             stream.close()
@@ -245,16 +244,17 @@ def _replace_atomically(target: Path, status: os.stat_result | None, shown: str)
 
 
 @contextmanager
-def _reported(shown: str) -> Iterator[None]:
+def _reported(shown: str, atomic: bool) -> Iterator[None]:
     """Turn the system's refusal to write (an OSError) into the one-line UserError of `_cannot_write`."""
     try:
         yield
     except OSError as err:
-        raise _cannot_write(shown, err) from None
+        raise _cannot_write(shown, err, atomic) from None
 
 
-def _cannot_write(shown: str, err: OSError) -> UserError:
-    """One line naming the destination, the system's reason and what to do."""
+def _cannot_write(shown: str, err: OSError, atomic: bool) -> UserError:
+    """One line naming the destination, the system's reason and what to do (and, for an atomic write, that
+    the old content is still there)."""
     reason = err.strerror or str(err)
     if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         hint = "free some space (or choose another place) and run the command again"
@@ -269,7 +269,8 @@ def _cannot_write(shown: str, err: OSError) -> UserError:
         hint = "choose another path"
     else:
         hint = "check the path"
-    return UserError(f"cannot write {shown}: {reason}; {hint} (nothing there was changed)")
+    kept = " (what was there is unchanged)" if atomic else ""
+    return UserError(f"cannot write {shown}: {reason}; {hint}{kept}")
 
 
 def relative_path(root: str, path: str) -> str:
