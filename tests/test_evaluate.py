@@ -234,6 +234,27 @@ def test_bad_input(trained, tmp_path, capsys):
     err = fails("--checkpoint", str(trained["run"]), "--data", str(trained["built"]), "--steps", "0,16")
     assert "--steps" in err
 
+    # --out cannot be written (a folder of its path is a file): one line, and the results on stdout.
+    (tmp_path / "notes").write_text("mine")
+    out = tmp_path / "notes" / "out.json"
+    args = [
+        "--checkpoint",
+        str(trained["run"]),
+        "--data",
+        str(trained["built"]),
+        "--steps",
+        "2",
+        "--out",
+        str(out),
+    ]
+    assert trm([*base, *args]) == 2
+    printed = capsys.readouterr()
+    assert (
+        f"trm evaluate: error: cannot write {tmp_path / 'notes' / 'out.csv'}" in printed.err.splitlines()[-1]
+    )
+    assert [r["steps"] for r in json.loads(printed.out)["results"]] == [2]
+    assert (tmp_path / "notes").read_text() == "mine"
+
     # Another vocabulary: the dataset's metadata disagrees with the checkpoint's embedding table.
     other = tmp_path / "other"
     shutil.copytree(trained["built"], other)
