@@ -118,6 +118,14 @@ def test_a_folder_is_refused(tmp_path: Path):
     assert _entries(tmp_path) == ["out"] and _entries(tmp_path / "out") == ["kept.txt"]
 
 
+def test_a_path_ending_in_a_slash_is_refused(tmp_path: Path):
+    with pytest.raises(UserError, match=r"ends with '/', so it names a folder"):
+        storage.write_text(f"{tmp_path}/results/", "results\n")
+    done = _trm(["config", EXPERIMENT, "--output", f"{tmp_path}/results/"])  # not a file named "results"
+    _one_error_line(done, f"cannot write {tmp_path}/results/: it ends with '/'")
+    assert _entries(tmp_path) == []
+
+
 def test_a_path_below_a_file_names_the_file(tmp_path: Path):
     """What fails for root as well: a folder of the destination's path is a regular file."""
     (tmp_path / "notes").write_text("mine")

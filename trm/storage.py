@@ -147,6 +147,7 @@ def write_bytes(url: str, data: bytes) -> None:
     destination that cannot be written (read-only, full, a folder) is a UserError naming it, and what was there
     before is unchanged.
     """
+    _check_names_a_file(url)
     fs, path = filesystem(url)
     if not isinstance(fs, LocalFileSystem):
         fs.pipe_file(path, data)
@@ -190,6 +191,7 @@ def local_writer(path: str | os.PathLike) -> Iterator[_Sink]:
       naming `path` and the reason.
     """
     shown = str(path)
+    _check_names_a_file(shown)
     target = Path(os.path.abspath(os.path.expanduser(shown)))
     real = Path(os.path.realpath(target))
     with _reported(shown, atomic=True):  # nothing was touched yet
@@ -241,6 +243,15 @@ def _replace_atomically(target: Path, status: os.stat_result | None, shown: str)
             stream.close()
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _check_names_a_file(url: str) -> None:
+    """A UserError for a destination ending in "/": it names a folder (the path would lose the slash and
+    become a file of that name)."""
+    if url.endswith("/"):
+        raise UserError(
+            f"cannot write {url}: it ends with '/', so it names a folder; give the path of a file"
+        )
 
 
 @contextmanager
