@@ -29,6 +29,8 @@ FETCHED_MARKER = ".fetch-complete"
 # Written by `trm stage` before it changes a destination and removed after the new manifest: the files it may
 # have written there, so a rerun after an interruption knows what it may replace or delete.
 STAGING_MARKER = ".staging.json"
+# Written by Snakemake into a directory() output (the workflow's built datasets) after the build: not data.
+SNAKEMAKE_TIMESTAMP = ".snakemake_timestamp"
 FORMAT_VERSION = 1
 CHUNK_BYTES = 4 * 2**20
 
@@ -142,13 +144,13 @@ def hash_stream(path: str, f: BinaryIO, sink: BinaryIO | None = None) -> FileEnt
 def scan_local(root: Path) -> Manifest:
     """Manifest of every file below the local directory `root`.
 
-    A manifest and the fetch and staging markers at the top are left out, so a fetched copy can be staged again
-    as it is.
+    A manifest, the fetch and staging markers and Snakemake's timestamp at the top are left out, so a fetched
+    copy, or a dataset the workflow built, can be staged again as it is.
     """
     entries = []
     for file in sorted(p for p in root.rglob("*") if p.is_file()):
         rel = file.relative_to(root).as_posix()
-        if rel in (MANIFEST_NAME, FETCHED_MARKER, STAGING_MARKER):
+        if rel in (MANIFEST_NAME, FETCHED_MARKER, STAGING_MARKER, SNAKEMAKE_TIMESTAMP):
             continue
         with open(file, "rb") as f:
             entries.append(hash_stream(rel, f))
