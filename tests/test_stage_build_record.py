@@ -197,5 +197,5 @@ def test_invalid_build_record_or_several_damaged_files(built: Path, tmp_path: Pa
     assert err.rstrip().endswith("rebuild with trm build-dataset")
     record_path.write_bytes(b"\xff\xfe not json")
     assert cli.main(["stage", str(record_path.parent), dest]) == 2
-    assert f"{record_path}: not a valid dataset manifest" in capsys.readouterr().err
+    assert f"{record_path}: not a readable dataset manifest" in capsys.readouterr().err
     assert not (tmp_path / "staged").exists()

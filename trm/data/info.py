@@ -1,9 +1,9 @@
 """Print a dataset's splits (examples, puzzles, groups; shape and dtype of every array) and its provenance,
 and check every file against the build record (MANIFEST.json, written by `trm build-dataset`).
 
-Exit code 1 if a file is altered, missing or not in the record (each is named; `trm stage` refuses such a
-folder), 2 if a file is missing or malformed. Datasets without a record (the original builder's, an older
-trm's, hand-made ones) are reported as such.
+Exit code 1 if a file differs from the record: altered, resized, missing or not listed (each is named;
+`trm stage` refuses such a folder); 2 if a file the reader needs is missing or malformed. Datasets without a
+record (the original builder's, an older trm's, hand-made ones) are reported as such.
 """
 
 from __future__ import annotations

@@ -170,10 +170,10 @@ def read_build_record(root: Path) -> Manifest | None:
     if not path.is_file():
         return None
     try:
-        text = path.read_text()
-    except UnicodeDecodeError as err:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
         raise UserError(
-            f"{path}: not a valid dataset manifest ({err}); rebuild with trm build-dataset"
+            f"{path}: not a readable dataset manifest ({err}); rebuild with trm build-dataset"
         ) from None
     try:
         return Manifest.from_json(text, str(path))

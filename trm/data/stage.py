@@ -197,8 +197,8 @@ def _upload(fs, src: Path, root: str, entry: FileEntry, bar: tqdm) -> None:
     problem = entry.mismatch(stored_entry(fs, root, entry.path, fs.info(remote)))
     if problem:
         raise UserError(
-            f"{src / entry.path} changed while staging it (stored copy {problem}, against the build record "
-            f"{src / MANIFEST_NAME}); no manifest was written: rebuild with trm build-dataset, then rerun trm stage"
+            f"{src / entry.path} changed while staging it (stored copy {problem}); no manifest was written: "
+            "rebuild with trm build-dataset, then rerun trm stage"
         )
 
 
