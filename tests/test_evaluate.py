@@ -15,6 +15,7 @@ import pytest
 from test_trainer import _easy_csv
 
 from trm.cli import main as trm
+from trm.data.manifest import write_build_record
 from trm.train.evaluate import load_eval_split
 from trm.train.evaluator import Evaluator, evaluate
 from trm.train.step import Model
@@ -261,6 +262,9 @@ def test_bad_input(trained, tmp_path, capsys):
     meta_path = other / "test" / "dataset.json"
     meta = json.loads(meta_path.read_text())
     meta_path.write_text(json.dumps({**meta, "vocab_size": 12}))
+    err = fails("--checkpoint", str(trained["run"]), "--data", str(other))
+    assert "test/dataset.json: truncated" in err and "rebuild it" in err, "changed after its build: refused"
+    write_build_record(other)  # as if built so
     err = fails("--checkpoint", str(trained["run"]), "--data", str(other))
     assert "vocab_size = 12" in err and "has vocab_size = 11" in err
 

@@ -4,9 +4,9 @@
 
 --checkpoint: a run dir of `trm train` or `trm import-torch`. The model of its latest checkpoint is used:
   the EMA weights when the run kept an EMA (the output says which: "weights": "ema" or "params").
---data: a staged dataset URL (gs://, file://; fetched into --cache-dir and checked against its manifest),
-  a dataset folder built by `trm build-dataset` (--split test or train), or a Sudoku-Extreme style CSV
-  (.csv or .csv.gz, columns question,answer).
+--data: a staged dataset URL (gs://, file://) or a dataset folder built by `trm build-dataset` (both are
+  copied into --cache-dir and checked against their MANIFEST.json; a folder without one is read as it is),
+  --split test or train; or a Sudoku-Extreme style CSV (.csv or .csv.gz, columns question,answer).
 --batch-size: puzzles per batch over all devices; by default the run's train.global_batch_size, the batch its
   trainer evaluated with, so that the figures at train.eval_steps reproduce the trainer's final evaluation
   bit for bit (on the same devices).
