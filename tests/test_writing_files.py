@@ -40,14 +40,15 @@ def _trm(args: list[str], preexec=None) -> subprocess.CompletedProcess:
 
 
 def _one_error_line(done: subprocess.CompletedProcess, *expected: str) -> str:
-    """The single stderr line of a command that failed as bad input should (exit 2, no traceback)."""
+    """The one error line, last on stderr, of a command that failed as bad input should (exit 2, no traceback;
+    progress bars before it are fine)."""
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stderr
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1, done.stderr
+    assert [line for line in lines if "error" in line.lower()] == lines[-1:], done.stderr
     for text in expected:
-        assert text in lines[0], lines[0]
-    return lines[0]
+        assert text in lines[-1], lines[-1]
+    return lines[-1]
 
 
 def _device(path: Path, device: int) -> Path:
@@ -185,6 +186,22 @@ def test_a_full_disk_during_an_atomic_write_keeps_the_old_file(tmp_path: Path):
     # The same command with room to write replaces the file.
     assert _trm(["config", EXPERIMENT, "--output", str(destination)]).returncode == 0
     assert destination.read_text().startswith("{")
+
+
+def test_build_dataset_into_a_read_only_or_full_place_fails_in_one_line(tmp_path: Path):
+    build = ["build-dataset", "--source", "generate:8", "--num-aug", "2", "--output-dir"]
+    folder = tmp_path / "datasets"
+    folder.mkdir()
+    folder.chmod(0o555)
+    done = _trm([*build, str(folder / "ds")], _without_capabilities)
+    _one_error_line(done, f"cannot write {folder / 'ds'}: Permission denied")
+    folder.chmod(0o755)
+    # A full disk while the arrays are written: the half-built folder is removed, the old dataset kept.
+    (folder / "ds").mkdir()
+    (folder / "ds" / "old.txt").write_text("old")
+    done = _trm([*build, str(folder / "ds"), "--force"], _files_up_to(1000))
+    _one_error_line(done, f"cannot write {folder / 'ds'}: File too large; free some space")
+    assert _entries(folder) == ["ds"] and _entries(folder / "ds") == ["old.txt"]
 
 
 WRITE_A_RUN_DIR = """

@@ -12,7 +12,8 @@ Every URL is checked by `check_url`, which the workflow also runs on its setting
 have timeouts and a short, bounded retry (trm/gcs.py); GCS unreachable or refusing our credentials is a
 `StorageUnavailable` error: one line naming the URL and what to do, never a long retry or a traceback.
 
-Every file the project writes goes through `write_bytes`/`write_text` (or `local_writer`, to stream a large one):
+Every file the project writes goes through `write_bytes`/`write_text` (or `local_writer`, to stream a large one;
+`write_errors` around a folder that is built, then renamed into place):
 atomic, with the umask's permissions, never replacing a device or a pipe, and a destination that cannot be
 written is one line naming it (rules in `local_writer`).
 """
@@ -170,7 +171,7 @@ class _Sink:
         self._atomic = atomic
 
     def write(self, data: bytes) -> int:
-        with _reported(self._shown, self._atomic):
+        with write_errors(self._shown, self._atomic):
             return self._stream.write(data)
 
 
@@ -194,7 +195,7 @@ def local_writer(path: str | os.PathLike) -> Iterator[_Sink]:
     _check_names_a_file(shown)
     target = Path(os.path.abspath(os.path.expanduser(shown)))
     real = Path(os.path.realpath(target))
-    with _reported(shown, atomic=True):  # nothing was touched yet
+    with write_errors(shown, atomic=True):  # nothing was touched yet
         status = os.stat(real) if real.exists() else None
     if status is not None and stat.S_ISDIR(status.st_mode):
         raise UserError(f"cannot write {shown}: it is a folder; give the path of a file in it")
@@ -209,11 +210,11 @@ def local_writer(path: str | os.PathLike) -> Iterator[_Sink]:
 
 def _write_in_place(target: Path, shown: str) -> Iterator[_Sink]:
     """Open the existing `target` for writing, never creating or renaming anything."""
-    with _reported(shown, atomic=False):
+    with write_errors(shown, atomic=False):
         stream = open(os.open(target, os.O_WRONLY | os.O_TRUNC), "wb")
     try:
         yield _Sink(stream, shown, atomic=False)
-        with _reported(shown, atomic=False):
+        with write_errors(shown, atomic=False):
             stream.close()
     finally:
         with suppress(OSError):  # a write already failed: that is the error to report
@@ -222,18 +223,18 @@ def _write_in_place(target: Path, shown: str) -> Iterator[_Sink]:
 
 def _replace_atomically(target: Path, status: os.stat_result | None, shown: str) -> Iterator[_Sink]:
     """Write a temporary file beside `target` and rename it over `target` (see `local_writer`)."""
-    with _reported(shown, atomic=True):
+    with write_errors(shown, atomic=True):
         target.parent.mkdir(parents=True, exist_ok=True)
         # os.open applies the umask to 0o666 (mkstemp would make the file 0600, unreadable to anyone else).
         tmp = target.with_name(f".{target.name}.tmp-{secrets.token_hex(6)}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     stream = open(fd, "wb")
     try:
-        with _reported(shown, atomic=True):
+        with write_errors(shown, atomic=True):
             if status is not None:
                 os.fchmod(fd, stat.S_IMODE(status.st_mode))
         yield _Sink(stream, shown, atomic=True)
-        with _reported(shown, atomic=True):
+        with write_errors(shown, atomic=True):
             stream.flush()
             os.fsync(fd)
             stream.close()
@@ -255,8 +256,10 @@ def _check_names_a_file(url: str) -> None:
 
 
 @contextmanager
-def _reported(shown: str, atomic: bool) -> Iterator[None]:
-    """Turn the system's refusal to write (an OSError) into the one-line UserError of `_cannot_write`."""
+def write_errors(shown: str, atomic: bool = True) -> Iterator[None]:
+    """Turn the system's refusal to write (an OSError) inside into the one-line UserError naming `shown`. For
+    writers that build a whole folder and rename it into place (`trm build-dataset`); `atomic`: the old
+    content is still there after a failure."""
     try:
         yield
     except OSError as err:
