@@ -26,7 +26,8 @@ the rounds:
 The process runs under the allocator setting the workflow's hosts get (trm.launch.local.MALLOC_HUGE_PAGES),
 re-executing itself if needed; --default-malloc keeps the environment as it is. Absolute figures drift with
 machine load: compare the ratios, on an otherwise idle machine. XLA_FLAGS and GLIBC_TUNABLES are printed with
-the table. On a GPU, benchmarks/bench_gpu_step.py times ours against the original's own step (docs/performance.md).
+the table. On a GPU, benchmarks/bench_gpu_step.py times ours against the original's own step
+(docs/performance.md).
 
     .venv/bin/python benchmarks/bench_train_step.py [--cases 512:float32 512:bfloat16 128:float32]
         [--batch 16] [--steps 5] [--rounds 3] [--torch] [--original-repo PATH] [--default-malloc]
@@ -201,7 +202,7 @@ class TorchTrainStep:
 
 
 class JaxTrainStep:
-    """Our train step as the trainer builds it, compiled and run once (its first call timed) at construction."""
+    """Our train step as the trainer builds it; compiled and run once at construction (that call timed)."""
 
     def __init__(self, width: int, dtype: str, batch: int) -> None:
         overrides = [
@@ -296,8 +297,9 @@ def spread(values: list[float]) -> str:
 
 def print_table(rows: list[dict], args: argparse.Namespace) -> None:
     print(
-        f"\nbatch {args.batch}, {jax.device_count()} CPU device(s), {args.rounds} round(s) of {args.steps} steps, "
-        f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}, GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r}"
+        f"\nbatch {args.batch}, {jax.device_count()} CPU device(s), {args.rounds} round(s) of {args.steps} "
+        f"steps, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}, "
+        f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r}"
     )
     header = (
         f"{'case':<14} {'ex/s':>6} {'GFLOP/s':>7} {'matmul GFLOP/s (n)':>18} {'/matmul':>16} {'(cpu)':>16} "
@@ -335,9 +337,11 @@ def print_table(rows: list[dict], args: argparse.Namespace) -> None:
             f"{original_text[1]:>16} {r['compile_s']:9.1f} {r['compilations']:8d}"
         )
     print(
-        "median over rounds (range over rounds in brackets); /matmul: achieved FLOP/s over the plain matmul's, from\n"
-        "wall time and (cpu) from process CPU time; ours/torch, ours/original: our examples/s over the PyTorch\n"
-        "transcription's (--torch) and over the original's own code (--original-repo), each measured in this run"
+        "median over rounds (range over rounds in brackets); /matmul: achieved FLOP/s over the plain\n"
+        "matmul's, from wall time and (cpu) from process CPU time; ours/torch, ours/original: our\n"
+        "examples/s over the PyTorch transcription's (--torch) and over the original's own code\n"
+        "(--original-repo),"
+        "each measured in this run"
     )
 
 

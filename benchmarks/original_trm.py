@@ -1,12 +1,13 @@
 """Run the ORIGINAL PyTorch TRM's own code from a checkout given by path (never part of this project).
 
 The original (github.com/SamsungSAILMontreal/TinyRecursiveModels) trains through `pretrain.py`: its
-`create_model` (the model, its ACT loss head, torch.compile unless DISABLE_COMPILE is set, the puzzle-embedding
-sign-SGD and AdamATan2), its `train_batch` and `EMAHelper`. The benchmarks call those functions themselves. Only
-what `pretrain.py` imports for logging and configuration is replaced, when it is not installed:
+`create_model` (the model, its ACT loss head, torch.compile unless DISABLE_COMPILE is set, the
+puzzle-embedding sign-SGD and AdamATan2), its `train_batch` and `EMAHelper`. The benchmarks call those
+functions themselves. Only what `pretrain.py` imports for logging and configuration is replaced, when it is
+not installed:
 
-- `wandb` is ALWAYS replaced by `Recorder`, which appends every `wandb.log` call to a JSON-lines file (or drops
-  it) and never touches the network;
+- `wandb` is ALWAYS replaced by `Recorder`, which appends every `wandb.log` call to a JSON-lines file (or
+  drops it) and never touches the network;
 - `hydra` (its `main` decorator returns the function unchanged: the benchmark composes the config itself, see
   `sudoku_config`), `omegaconf.DictConfig`, `coolname` and `argdantic` (imported by `puzzle_dataset.py` for
   its command line only) get inert stand-ins;
@@ -31,7 +32,7 @@ OPTIMIZER = {"name": "adam_atan2 (CUDA extension)"}
 
 
 class Recorder(types.ModuleType):
-    """Stand-in for `wandb`: `log(metrics, step)` appends {"step": ..., **metrics} to `path` (None: dropped)."""
+    """Stand-in for `wandb`: `log(metrics, step)` appends {step, wall_s, **metrics} to `path` (if any)."""
 
     def __init__(self) -> None:
         super().__init__("wandb")
@@ -144,9 +145,10 @@ def sudoku_config(
 ) -> dict:
     """The config `pretrain.py` composes for the README's Sudoku-Extreme MLP-T command, as a plain dict.
 
-    The checkout's cfg_pretrain.yaml <- arch/trm.yaml (its config folder) <- the README command's overrides (lr 1e-4, puzzle_emb_lr 1e-4,
-    weight_decay 1.0, puzzle_emb_weight_decay 1.0, mlp_t, no position encodings, L_layers 2, H_cycles 3,
-    L_cycles 6, ema) and this benchmark's batch, data path, epochs and evaluation interval.
+    The checkout's cfg_pretrain.yaml <- arch/trm.yaml (in its config folder) <- the README command's overrides
+    (lr 1e-4, puzzle_emb_lr 1e-4, weight_decay 1.0, puzzle_emb_weight_decay 1.0, mlp_t, no position encodings,
+    L_layers 2, H_cycles 3, L_cycles 6, ema) and this benchmark's batch, data path, epochs and evaluation
+    interval.
     """
     import yaml
 
@@ -179,10 +181,11 @@ class OriginalTrainStep:
     """The original's own train step on the CPU, eager (how the original runs without a GPU).
 
     Its model, ACT loss head, optimizers (`CastedSparseEmbeddingSignSGD_Distributed`, `AdamATan2`) and
-    `EMAHelper` are built as `pretrain.create_model` builds them, and `step()` runs `pretrain.train_batch`'s body
-    (forward, backward of loss / batch, each optimizer at its scheduled lr, metrics to the host) and the EMA
-    update. Both are transcribed here because the original's own functions put everything on CUDA; nothing else
-    differs. On a GPU, bench_gpu_step.py calls the original's functions themselves.
+    `EMAHelper` are built as `pretrain.create_model` builds them, and `step()` runs the body of
+    `pretrain.train_batch` (forward, backward of loss / batch, each optimizer at its scheduled lr, metrics to
+    the host) and the EMA update. Both are transcribed here because the original's own functions put
+    everything on CUDA; nothing else differs. On a GPU, bench_gpu_step.py calls the original's functions
+    themselves.
     """
 
     def __init__(self, repo: Path, width: int, dtype: str, batch: int, threads: int) -> None:
