@@ -44,6 +44,7 @@ MATMUL_MAX_FLOPS = 2 * 16384**3  # the reference matmul's size at most (three 16
 
 
 def run_ours(batch: int, steps: int, warmup: int) -> dict:
+    import flax
     import jax
     import jax.numpy as jnp
     import jaxlib
@@ -88,7 +89,7 @@ def run_ours(batch: int, steps: int, warmup: int) -> dict:
         "matmul_n": matmul.n,
         "matmul_tflops": matmul.flops / matmul_s / 1e12,
         "device": f"{device.platform}: {device.device_kind}",
-        "versions": f"jax {jax.__version__}, jaxlib {jaxlib.__version__}",
+        "versions": f"jax {jax.__version__}, jaxlib {jaxlib.__version__}, flax {flax.__version__}",
     }
 
 
