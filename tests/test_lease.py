@@ -17,10 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
+from test_trainer import TINY, _easy_csv, _sets, _staged
 
 from trm import storage
 from trm.errors import UserError
 from trm.run.lease import Lease, LeaseHeld
+from trm.run.state import read_run
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -166,3 +168,148 @@ def test_a_lease_that_is_not_a_record_is_named(tmp_path):
     (tmp_path / "run" / "lease.json").write_text("garbage")
     with pytest.raises(UserError, match="lease.json is not a lease record; delete it"):
         _lease(str(tmp_path / "run"), []).acquire()
+
+
+# ----------------------------------------------------------------------------------------------- trm launch
+
+
+@pytest.fixture(scope="module")
+def easy_data(tmp_path_factory) -> str:
+    tmp = tmp_path_factory.mktemp("lease-data")
+    _easy_csv(tmp / "easy.csv", puzzles=60, blanks=6, seed=0)
+    return _staged(tmp, str(tmp / "easy.csv"), num_aug=4)
+
+
+# 48 train groups x 10 epochs / 8 = 60 steps, a checkpoint every 10.
+SHORT = {"train.epochs": 10, "train.eval_interval": 10, "train.checkpoint_every_steps": 10}
+
+
+def _launch(data: str, run_dir: str, *flags: str) -> subprocess.Popen:
+    command = [sys.executable, "-m", "trm.cli", "launch", *flags, "--", "--config", "config/base.yaml"]
+    command += ["--data", data, "--run-dir", run_dir, *_sets({**TINY, **SHORT})]
+    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finished_once(run_dir: str, attempts: int) -> None:
+    """The run finished, was trained by `attempts` trainer starts, logged each train record once, holds no lease."""
+    state = read_run(run_dir)
+    assert state.state == "finished" and state.status["attempt"] == attempts, state
+    records = [
+        json.loads(line) for line in storage.read_text(storage.join(run_dir, "metrics.jsonl")).splitlines()
+    ]
+    steps = [r["step"] for r in records if r["kind"] == "train"]
+    assert steps == sorted(set(steps)) and steps[-1] == 60
+    assert _record(run_dir) is None
+
+
+def test_of_two_simultaneous_launches_one_trains_and_the_other_names_it(storage_root, easy_data):
+    run_dir = storage.join(storage_root, "run")
+    launches = [_launch(easy_data, run_dir), _launch(easy_data, run_dir)]
+    try:
+        outputs = [proc.communicate(timeout=400) for proc in launches]
+    finally:
+        for proc in launches:
+            proc.kill()
+            proc.wait()
+    codes = [proc.returncode for proc in launches]
+    assert sorted(codes) == [0, 2], outputs
+    winner, loser = (0, 1) if codes[0] == 0 else (1, 0)
+    refusal = outputs[loser][1].strip()
+    assert len(refusal.splitlines()) == 1, refusal
+    holder = f"another launcher trains this run (host {socket.gethostname()}, process {launches[winner].pid} "
+    assert holder in refusal and "since " in refusal
+    assert "[host 0]" in outputs[winner][0] and "[host" not in outputs[loser][0]
+    _finished_once(run_dir, attempts=1)
+
+
+def _descendants(pid: int) -> list[int]:
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def test_a_launcher_killed_and_restarted_continues_its_run_at_once(storage_root, easy_data):
+    """SIGKILL to the launcher and its trainer (as when its machine's job is killed), then the same command
+    again: the dead holder's lease is taken over at once, though the staleness limit is 600 s."""
+    run_dir = storage.join(storage_root, "run")
+    first = _launch(easy_data, run_dir)
+    try:
+        deadline = time.time() + 300
+        # Checkpoints come every 10 steps; by step 30 the one at step 10 is surely committed.
+        while read_run(run_dir).status.get("step", 0) < 30:
+            assert first.poll() is None and time.time() < deadline, first.communicate()
+            time.sleep(0.2)
+        for pid in [first.pid, *_descendants(first.pid)]:
+            os.kill(pid, signal.SIGKILL)
+        first.communicate(timeout=60)
+    finally:
+        first.kill()
+        first.wait()
+    started = time.monotonic()
+    second = _launch(easy_data, run_dir, "--tpu-stale-after-seconds", "600")
+    out, err = second.communicate(timeout=400)
+    assert second.returncode == 0, err[-3000:]
+    assert f"process {first.pid} " in out and "no longer exists on this machine" in out
+    assert "resuming from step" in out
+    assert time.monotonic() - started < 300
+    _finished_once(run_dir, attempts=2)
+
+
+def test_a_launch_takes_over_a_stale_lease_and_says_so(storage_root, easy_data):
+    run_dir = storage.join(storage_root, "run")
+    holder = _holder_process(run_dir, stale_after_s=600)
+    try:
+        holder.send_signal(signal.SIGSTOP)  # a hung launcher: alive, silent
+        refused = _launch(easy_data, run_dir, "--tpu-stale-after-seconds", "600")
+        _, err = refused.communicate(timeout=120)
+        assert refused.returncode == 2 and f"process {holder.pid} " in err
+        time.sleep(3)  # the lease is now older than the next launcher's limit
+        taker = _launch(easy_data, run_dir, "--tpu-stale-after-seconds", "3")
+        out, err = taker.communicate(timeout=400)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert taker.returncode == 0, err[-3000:]
+    assert f"[launch] took over the lease of {run_dir}/lease.json from host {socket.gethostname()}, " in out
+    assert f"process {holder.pid} " in out and "not renewed for" in out
+    _finished_once(run_dir, attempts=1)
+
+
+def test_a_launch_that_loses_its_lease_kills_its_trainers_and_fails(storage_root, easy_data):
+    """Another launcher takes the lease over (here one whose staleness limit every lease exceeds): the running
+    launcher's next renewal finds it, kills its trainers at once and exits 1, naming the new holder."""
+    run_dir = storage.join(storage_root, "run")
+    launcher = _launch(easy_data, run_dir, "--tpu-stale-after-seconds", "4")  # renews every second
+    try:
+        deadline = time.time() + 300
+        while read_run(run_dir).status.get("step", 0) < 10:
+            assert launcher.poll() is None and time.time() < deadline, launcher.communicate()
+            time.sleep(0.2)
+        trainers = _descendants(launcher.pid)
+        assert trainers
+        messages: list[str] = []
+        taker = _lease(run_dir, messages, stale_after_s=1e-6)
+        taker.acquire()
+        taken_at = time.monotonic()
+        out, _ = launcher.communicate(timeout=120)
+        stopped_in = time.monotonic() - taken_at
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert launcher.returncode == 1, out[-3000:]
+    assert f"[launch] lost the lease of {run_dir}/lease.json: it is now held by host " in out
+    assert f"(job {taker.holder.job})" in out and "stopped this launcher's trainers" in out
+    assert stopped_in < 30, stopped_in
+    assert not any(Path(f"/proc/{pid}").exists() for pid in trainers)
+    assert not storage.exists(storage.join(run_dir, "_SUCCESS"))
+    assert _record(run_dir)["job"] == taker.holder.job  # the loser left the new holder's lease alone
