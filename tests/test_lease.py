@@ -21,6 +21,7 @@ from test_trainer import TINY, _easy_csv, _sets, _staged
 
 from trm import storage
 from trm.errors import UserError
+from trm.gcs import StorageUnavailable
 from trm.run.lease import Lease, LeaseHeld
 from trm.run.state import read_run
 
@@ -163,6 +164,19 @@ def test_a_stale_holder_is_taken_over_and_stops_when_it_wakes(storage_root):
     assert _record(run_dir)["job"] == taker.holder.job  # the loser released nothing of the new holder's
 
 
+def test_unusable_storage_is_one_line_naming_the_lease(tmp_path, monkeypatch, closed_gcs_endpoint):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(
+        UserError, match=r"file/run/lease.json: cannot take the run's lease: Not a directory$"
+    ):
+        _lease(str(tmp_path / "file" / "run"), []).acquire()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", closed_gcs_endpoint)
+    with pytest.raises(
+        StorageUnavailable, match=r"^write gs://bucket/run/lease.json: Google Cloud Storage failed"
+    ):
+        _lease("gs://bucket/run", []).acquire()
+
+
 def test_a_lease_that_is_not_a_record_is_named(tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "lease.json").write_text("garbage")
@@ -188,6 +202,14 @@ def _launch(data: str, run_dir: str, *flags: str) -> subprocess.Popen:
     command = [sys.executable, "-m", "trm.cli", "launch", *flags, "--", "--config", "config/base.yaml"]
     command += ["--data", data, "--run-dir", run_dir, *_sets({**TINY, **SHORT})]
     return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_step(run_dir: str, launcher: subprocess.Popen, step: int) -> None:
+    """Until the run's status.json reports `step` (or the launcher exits: a failure)."""
+    deadline = time.time() + 300
+    while read_run(run_dir).status.get("step", 0) < step:
+        assert launcher.poll() is None and time.time() < deadline, launcher.communicate()
+        time.sleep(0.2)
 
 
 def _finished_once(run_dir: str, attempts: int) -> None:
@@ -244,11 +266,7 @@ def test_a_launcher_killed_and_restarted_continues_its_run_at_once(storage_root,
     run_dir = storage.join(storage_root, "run")
     first = _launch(easy_data, run_dir)
     try:
-        deadline = time.time() + 300
-        # Checkpoints come every 10 steps; by step 30 the one at step 10 is surely committed.
-        while read_run(run_dir).status.get("step", 0) < 30:
-            assert first.poll() is None and time.time() < deadline, first.communicate()
-            time.sleep(0.2)
+        _wait_for_step(run_dir, first, 30)  # checkpoints every 10 steps: the one at 10 is surely committed
         for pid in [first.pid, *_descendants(first.pid)]:
             os.kill(pid, signal.SIGKILL)
         first.communicate(timeout=60)
@@ -291,10 +309,7 @@ def test_a_launch_that_loses_its_lease_kills_its_trainers_and_fails(storage_root
     run_dir = storage.join(storage_root, "run")
     launcher = _launch(easy_data, run_dir, "--tpu-stale-after-seconds", "4")  # renews every second
     try:
-        deadline = time.time() + 300
-        while read_run(run_dir).status.get("step", 0) < 10:
-            assert launcher.poll() is None and time.time() < deadline, launcher.communicate()
-            time.sleep(0.2)
+        _wait_for_step(run_dir, launcher, 10)
         trainers = _descendants(launcher.pid)
         assert trainers
         messages: list[str] = []

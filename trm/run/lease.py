@@ -39,7 +39,7 @@ from trm.errors import UserError
 from trm.run import layout
 from trm.run.state import HEARTBEAT_S
 
-# What a lease's holder says about itself; `token` tells this launcher's own writes from every other's.
+# What a refused launcher's user may do.
 TAKEOVER_HINT = (
     "wait for it to finish; if that launcher is gone (its machine died), its lease may be taken over "
     "{stale:.0f} s after its last renewal (launch.tpu.stale_after_seconds), so rerun then"
@@ -57,6 +57,7 @@ class Holder:
     host: str
     pid: int
     process_start: str  # the process's start time (Linux): tells a reused process id apart; "" elsewhere
+    boot: str  # the running kernel's boot id (Linux): with the host name, "this machine since its last boot"
     job: str  # this launcher's identity, new for every start of `trm launch`
     since: float  # when this holder took the lease
     renewed_at: float  # its last renewal
@@ -90,10 +91,17 @@ def _alive_here(holder: Holder) -> bool:
     return not holder.process_start or _process_start(holder.pid) in ("", holder.process_start)
 
 
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
 def own_holder() -> Holder:
     now = time.time()
     pid = os.getpid()
-    return Holder(socket.gethostname(), pid, _process_start(pid), uuid.uuid4().hex[:12], now, now)
+    return Holder(socket.gethostname(), pid, _process_start(pid), _boot_id(), uuid.uuid4().hex[:12], now, now)
 
 
 # ----------------------------------------------------------------------------------------------- storage
@@ -240,7 +248,7 @@ def _gcs_client(url: str):
     from trm.gcs import NO_CREDENTIALS
 
     try:
-        return gcs.Client()
+        return gcs.Client(project=None)  # bucket and object calls need no project: never fail for want of one
     except google.auth.exceptions.DefaultCredentialsError:
         raise UserError(f"{url}: {NO_CREDENTIALS}") from None
 
@@ -297,12 +305,20 @@ class Lease:
         age = time.time() - other.renewed_at
         if age > self.stale_after_s:
             return f"not renewed for {age:.0f} s (more than {self.stale_after_s:.0f} s)"
-        if other.host == self.holder.host and not _alive_here(other):
+        # Only a process of this machine and boot can be looked up here (host names alone may repeat).
+        same_machine = (other.host, other.boot) == (self.holder.host, self.holder.boot)
+        if same_machine and not _alive_here(other):
             return "its process no longer exists on this machine"
         return None
 
     def acquire(self) -> None:
         """Take the lease, or a stale or dead holder's; LeaseHeld naming the holder when another has it."""
+        try:
+            self._acquire()
+        except OSError as err:  # a local run dir that cannot be written (GCS errors are StorageUnavailable)
+            raise UserError(f"{self.url}: cannot take the run's lease: {err.strerror or err}") from None
+
+    def _acquire(self) -> None:
         while True:
             now = time.time()
             if self._write(replace(self.holder, since=now, renewed_at=now), None):
