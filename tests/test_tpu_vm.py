@@ -22,6 +22,7 @@ from test_trainer import TINY, _easy_csv, _sets
 
 from trm import storage
 from trm.cli import main as trm_main
+from trm.run.lease import Lease
 
 REPO = Path(__file__).resolve().parents[1]
 SLICE = "trm-test-a"
@@ -220,6 +221,33 @@ def test_cancelled_job_stops_every_host_process_and_hostile_values_stay_quoted(
     for host in hosts.iterdir():
         assert (host / hostile).is_dir()
         assert not any(host.glob("PWNED*")) and not any(REPO.glob("PWNED*"))
+
+
+def test_a_launcher_whose_lease_is_taken_over_kills_its_trainers_and_writes_nothing_more(
+    cloud, tpu_bucket, data, tmp_path
+):
+    subprocess.run(["gcloud", "fake-create-node", SLICE], check=True, timeout=30)  # a slice of the pool
+    run_dir = f"{tpu_bucket}/runs/taken-over"
+    log = tmp_path / "launcher.log"
+    # The lease is renewed every 30 / 4 s; the trainers checkpoint far more often than their 30 s limit.
+    stale = ("--tpu-stale-after-seconds", "30")
+    launcher = _start(_launch_command(tpu_bucket, tmp_path, run_dir, data, tpu=stale), log)
+    try:
+        _wait(lambda: len(node_pids(SLICE)) >= 2, launcher, log, 120, "trainers on both hosts")
+        _wait(lambda: storage.exists(f"{run_dir}/status.json"), launcher, log, 120, "status.json")
+        launch_before = storage.read_text(f"{run_dir}/launch.json")
+        taker = Lease(run_dir, 1e-6, print)  # a launcher for which every lease is stale
+        taker.acquire()
+        launcher.wait(timeout=90)
+    finally:
+        _stop(launcher)
+    output = log.read_text()
+    assert launcher.returncode == 1, output[-4000:]
+    assert f"lost the lease of {run_dir}/lease.json: it is now held by" in output
+    assert f"(job {taker.holder.job})" in output and "stop trm train on every host" in output
+    assert node_pids(SLICE) == [], output[-4000:]
+    assert storage.read_text(f"{run_dir}/launch.json") == launch_before  # no marker after the loss
+    assert json.loads(storage.read_text(f"{run_dir}/lease.json"))["job"] == taker.holder.job
 
 
 def test_stock_image_failed_setup_fails_the_job_at_once_with_the_hosts_log_tail(

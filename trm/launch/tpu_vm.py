@@ -163,7 +163,8 @@ class Babysitter:
             self.started = False
 
     def watch(self, since: float) -> tuple[str, str]:
-        """Poll until the run ends or the job must be relaunched: ("finished"|"failed"|"relaunch", why)."""
+        """Poll until the run ends, the job must be relaunched or the lease is lost:
+        ("finished"|"failed"|"relaunch"|"lost", why)."""
         options = self.options
         while True:
             if self.lease_lost.wait(options.poll_seconds):
