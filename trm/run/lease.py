@@ -112,7 +112,7 @@ class _LocalSlot:
 
     def __init__(self, path: str) -> None:
         self.path = Path(path)
-        self.lock_path = self.path.with_name("lease.lock")
+        self.lock_path = self.path.with_name(layout.LEASE_LOCK)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
