@@ -1,37 +1,61 @@
-# Two entry points for a fresh machine: `make run` (the workflow on the embedded local default)
-# and `make test` (the whole test suite). Both create .venv/ and install the project if needed.
+# Entry points for a fresh machine. `make run` installs what the study needs and runs it on this CPU;
+# `make test` adds the test tools and extras and runs the whole suite (what CI runs: .ci/run). Both create .venv/.
+#   make install        the study's runtime only (what `make run` uses)
+#   make install-test   runtime + test extras (what `make test` and `make lint` use)
+#   make PYTHON=/path/to/python3.12 ...   choose the interpreter (3.11, 3.12 or 3.13)
 
-PYTHON ?= python3
+# The first of python3.11, python3.12, python3.13 and python3 that runs and is a supported version
+# (3.11 first: the version CI tests).
+SUPPORTED_PYTHON := import sys; sys.exit(not (3, 11) <= sys.version_info[:2] < (3, 14))
+PYTHON ?= $(shell for p in python3.11 python3.12 python3.13 python3; do \
+	$$p -c '$(SUPPORTED_PYTHON)' >/dev/null 2>&1 && { echo $$p; exit; }; done; echo python3)
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+RUNTIME := $(VENV)/.installed-runtime
+TESTING := $(VENV)/.installed-test
+# A failed step removes the venv it was building, so the next `make` starts clean instead of reusing half of it.
+UNDO := { rm -rf $(VENV); echo "make: install failed; $(VENV) removed" >&2; exit 1; }
+# A venv left by an unsupported interpreter (say, an earlier python3 = 3.10) is removed with a note, not reused.
+CHECK_VENV := $(BIN)/python -c '$(SUPPORTED_PYTHON)' 2>/dev/null || { echo "make: $(VENV) was made with" \
+	"$$($(BIN)/python --version 2>&1), not 3.11-3.13: removed it; run make again" >&2; rm -rf $(VENV); exit 1; }
 
-.PHONY: run test lint install install-profile clean
+.PHONY: run test lint install install-test install-profile clean
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+$(VENV)/bin/python:
+	@$(PYTHON) -c '$(SUPPORTED_PYTHON)' 2>/dev/null || { echo "make: $(PYTHON) is not Python 3.11-3.13" \
+		"($$($(PYTHON) --version 2>&1)); install one, or run make PYTHON=/path/to/python3.12" >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV) || $(UNDO)
+	$(BIN)/pip install --quiet --upgrade pip || $(UNDO)
 
-install: $(STAMP)
+$(RUNTIME): pyproject.toml | $(VENV)/bin/python
+	@$(CHECK_VENV)
+	$(BIN)/pip install --quiet -e . || $(UNDO)
+	touch $@
 
-run: $(STAMP)
+$(TESTING): pyproject.toml | $(VENV)/bin/python
+	@$(CHECK_VENV)
+	$(BIN)/pip install --quiet -e '.[test]' || $(UNDO)
+	touch $@ $(RUNTIME)
+
+install: $(RUNTIME)
+install-test: $(TESTING)
+
+run: $(RUNTIME)
 	$(BIN)/snakemake --cores 2 all
 	$(BIN)/snakemake --report results/report.html
 
 # Two pytest workers, one test module each at a time (module fixtures are built once); TEST_WORKERS=0 runs serially.
-TEST_WORKERS ?= 2
 # tests/system_guard.py records the machine's /usr/bin (through its links) and the user's trm and snakemake
 # folders before the suite and fails the run if the suite changed any of them.
+TEST_WORKERS ?= 2
 GUARD := $(VENV)/system-guard.json
-test: $(STAMP)
+test: $(TESTING)
 	$(BIN)/ruff check trm tests benchmarks
 	$(BIN)/python tests/system_guard.py snapshot $(GUARD)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile; status=$$?; \
 	$(BIN)/python tests/system_guard.py compare $(GUARD) || status=1; exit $$status
 
-lint: $(STAMP)
+lint: $(TESTING)
 	$(BIN)/ruff check trm tests benchmarks
 	$(BIN)/ruff format --check trm tests benchmarks
 

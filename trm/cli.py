@@ -12,6 +12,7 @@ import sys
 
 from trm.checkout import foreign_checkout_note
 from trm.errors import UserError
+from trm.platform import choose_platform
 
 # name -> (module, one-line help), in pipeline order. The module's docstring is the subcommand's long description.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    choose_platform()  # before any JAX import: no libtpu probing on a machine without a TPU
     note = foreign_checkout_note()
     if note:
         print(f"trm {args.command}: {note}", file=sys.stderr)

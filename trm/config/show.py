@@ -27,9 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--resolved", action="store_true", help="the file is a complete resolved config: use no base"
     )
     parser.add_argument("--hash", action="store_true", help="print only the config hash")
-    parser.add_argument(
-        "--output", type=Path, help="write the resolved config to this file instead of stdout"
-    )
+    parser.add_argument("--output", help="write the resolved config to this file instead of stdout")
     parser.add_argument("--list", action="store_true", help="list the experiment ids and exit")
 
 
@@ -44,7 +42,7 @@ def main(args: argparse.Namespace) -> int:
     config = load.load_config(path, args.overrides, base=base)
     text = load.config_hash(config) + "\n" if args.hash else load.dump_config(config)
     if args.output:
-        storage.write_text(str(args.output), text)
+        storage.write_text(args.output, text)
     else:
         sys.stdout.write(text)
     return 0

@@ -21,7 +21,8 @@ k), so a build with --subsample-size 100 is exactly the first 100 groups of the 
 The dataset is written to a temporary folder beside --output-dir and renamed into place at the end: on
 any error nothing is left behind. dataset.json holds the original's fields plus provenance (builder,
 source, test_source, seed, subsample_size, test_subsample_size, num_aug, min_difficulty; the same in
-both splits) and content_sha256 (see `trm dataset-info`).
+both splits). MANIFEST.json, the build record, lists every file the build wrote with its size, md5 and
+crc32c: `trm dataset-info` checks the folder against it, and `trm stage` stages only files that match it.
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ from pathlib import Path
 
 import numpy as np
 
+from trm import storage
 from trm.data import format as fmt
 from trm.data import sources
 from trm.data.augment import augment
+from trm.data.manifest import Manifest, write_build_record
 from trm.data.sudoku import MISSING_RATING, Puzzles
 from trm.errors import UserError
 
@@ -106,15 +109,13 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UserError(f"--output-dir {output} already exists (pass --force to replace it)")
 
 
-def _write(tmp: Path, splits: dict[str, tuple[np.ndarray, np.ndarray, int]], provenance: dict) -> str:
+def _write(tmp: Path, splits: dict[str, tuple[np.ndarray, np.ndarray, int]], provenance: dict) -> Manifest:
     for split, (inputs, labels, group_size) in splits.items():
         fmt.write_split_arrays(tmp, split, inputs, labels, group_size)
-    digest = fmt.content_hash(tmp)
-    for split, (inputs, _, group_size) in splits.items():
-        metadata = fmt.sudoku_metadata(len(inputs) // group_size) | provenance | {"content_sha256": digest}
+        metadata = fmt.sudoku_metadata(len(inputs) // group_size) | provenance
         fmt.write_json(tmp / split / "dataset.json", metadata)
     fmt.write_json(tmp / "identifiers.json", fmt.IDENTIFIERS)
-    return digest
+    return write_build_record(tmp)  # last: it covers every file above
 
 
 def _replace_dir(tmp: Path, output: Path) -> None:
@@ -157,17 +158,19 @@ def main(args: argparse.Namespace) -> int:
     }
 
     output = Path(args.output_dir)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
+    with storage.write_errors(str(output)):  # a read-only or full disk: one line, not a traceback
+        output.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
     try:
-        tmp.chmod(0o755)  # mkdtemp makes it private; the dataset is an ordinary folder
-        digest = _write(tmp, splits, provenance)
-        _replace_dir(tmp, output)
+        with storage.write_errors(str(output)):
+            tmp.chmod(0o755)  # mkdtemp makes it private; the dataset is an ordinary folder
+            record = _write(tmp, splits, provenance)
+            _replace_dir(tmp, output)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     print(
         f"wrote {output}: train {len(train_inputs)} examples ({len(train)} puzzles x {1 + args.num_aug}), "
-        f"test {len(test)} examples; content sha256 {digest}"
+        f"test {len(test)} examples; manifest {record.hash[:16]} ({len(record.entries)} files)"
     )
     return 0

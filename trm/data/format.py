@@ -1,4 +1,4 @@
-"""The on-disk dataset format: writer, reader and content hash.
+"""The on-disk dataset format: writer and reader.
 
 A dataset folder holds `identifiers.json` (`["<blank>"]`) and one folder per split (`train`, `test`), each with
 
@@ -12,10 +12,8 @@ A dataset folder holds `identifiers.json` (`["<blank>"]`) and one folder per spl
 This builder stores tokens as uint8; the original stored the train split as int64. The reader accepts both,
 and datasets without the provenance fields.
 
-Content hash: the SHA-256 of a `sha256sum`-style manifest of the ten array files, one line
-"<sha256 of the file>  <split>/<file name>\\n" per file, train before test, files in name order. In a
-dataset folder it equals the output of `sha256sum train/*.npy test/*.npy | sha256sum`. dataset.json is
-not covered (it records the hash).
+A dataset built by `trm build-dataset` also holds MANIFEST.json, the build record: the size, md5 and crc32c
+of every other file (see trm/data/manifest.py). The reader does not need it.
 """
 
 from __future__ import annotations
@@ -114,18 +112,6 @@ def sha256_file(path: Path) -> str:
         while block := f.read(1 << 22):
             digest.update(block)
     return digest.hexdigest()
-
-
-def content_hash(dataset_dir: str | Path) -> str:
-    """The dataset's content hash (see the module docstring). Raises UserError if an array file is missing."""
-    lines = []
-    for split in SPLITS:
-        for name in sorted(f"{SET_NAME}__{n}.npy" for n in ARRAY_NAMES):
-            path = Path(dataset_dir) / split / name
-            if not path.is_file():
-                raise UserError(f"{path}: missing dataset file")
-            lines.append(f"{sha256_file(path)}  {split}/{name}\n")
-    return hashlib.sha256("".join(lines).encode()).hexdigest()
 
 
 def read_metadata(dataset_dir: str | Path, split: str) -> dict:

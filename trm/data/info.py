@@ -1,10 +1,9 @@
-"""Print a dataset's splits (examples, puzzles, groups; shape and dtype of every array), its provenance and
-its content hash, and check the hash against the one recorded in dataset.json.
+"""Print a dataset's splits (examples, puzzles, groups; shape and dtype of every array) and its provenance,
+and check every file against the build record (MANIFEST.json, written by `trm build-dataset`).
 
-The content hash is the SHA-256 of the manifest `sha256sum train/*.npy test/*.npy` run inside the dataset
-folder (so `sha256sum train/*.npy test/*.npy | sha256sum` reproduces it). Exit code 1 if it does not match
-the recorded one, 2 if a file is missing or malformed. Datasets of the original builder have no recorded
-hash; they are reported as such.
+Exit code 1 if a file differs from the record: altered, resized, missing or not listed (each is named;
+`trm stage` refuses such a folder); 2 if a file the reader needs is missing or malformed. Datasets without a
+record (the original builder's, an older trm's, hand-made ones) are reported as such.
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ import argparse
 from pathlib import Path
 
 from trm.data import format as fmt
+from trm.data.manifest import MANIFEST_NAME, read_build_record, scan_local
 from trm.errors import UserError
 
 _PROVENANCE = (
@@ -35,7 +35,6 @@ def main(args: argparse.Namespace) -> int:
     dataset_dir = Path(args.dataset_dir)
     if not dataset_dir.is_dir():
         raise UserError(f"{dataset_dir}: no such dataset folder")
-    recorded = set()
     for split in fmt.SPLITS:
         data = fmt.load_split(dataset_dir, split)
         print(
@@ -45,21 +44,22 @@ def main(args: argparse.Namespace) -> int:
         for name in fmt.ARRAY_NAMES:
             array = getattr(data, name)
             print(f"  {name:<20} shape {list(array.shape)!s:<14} dtype {array.dtype}")
-        recorded.add(data.metadata.get("content_sha256"))
     metadata = fmt.read_metadata(dataset_dir, "train")
     provenance = ", ".join(f"{key}={metadata[key]}" for key in _PROVENANCE if key in metadata)
     print(f"provenance: {provenance or 'none recorded (original builder?)'}")
 
-    digest = fmt.content_hash(dataset_dir)
-    print(f"content sha256: {digest}")
-    if recorded == {None}:
-        print("recorded sha256: none (dataset.json has no content_sha256)")
+    record = read_build_record(dataset_dir)
+    if record is None:
+        print(f"build record: none (no {MANIFEST_NAME}: an older trm, the original builder or hand-made)")
         return 0
-    if recorded != {digest}:
-        shown = ", ".join(sorted(str(r) for r in recorded))
-        print(
-            f"recorded sha256: {shown}: MISMATCH (the files changed after the build, or the splits come from different builds)"
-        )
+    problems = record.differences(scan_local(dataset_dir))
+    if problems:
+        print(f"build record {record.hash[:16]}: MISMATCH, the files changed after the build:")
+        for problem in problems:
+            print(f"  {problem}")
+        print("rebuild with trm build-dataset")
         return 1
-    print("recorded sha256: matches")
+    print(
+        f"build record {record.hash[:16]}: matches ({len(record.entries)} files, {record.total_bytes:,} bytes)"
+    )
     return 0

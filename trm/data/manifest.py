@@ -1,6 +1,9 @@
-"""MANIFEST.json: what a staged dataset contains, with sizes and checksums of every file.
+"""MANIFEST.json: what a dataset contains, with sizes and checksums of every file.
 
-A dataset directory on storage counts as staged only when its manifest is present: `trm stage` writes it last.
+One record travels with a dataset: `trm build-dataset` writes it into the dataset folder (the build record),
+`trm stage` refuses a folder whose files no longer match it and copies it to storage unchanged, and training
+hosts check their downloaded copy against it. A dataset directory on storage counts as staged only when its
+manifest is present: `trm stage` writes it last.
 Checksums are md5 and crc32c (hex) of the file bytes; GCS reports both for every object (base64 in `md5Hash`
 and `crc32c`), so a staged copy on GCS can be checked from metadata without downloading it.
 """
@@ -26,6 +29,8 @@ FETCHED_MARKER = ".fetch-complete"
 # Written by `trm stage` before it changes a destination and removed after the new manifest: the files it may
 # have written there, so a rerun after an interruption knows what it may replace or delete.
 STAGING_MARKER = ".staging.json"
+# Written by Snakemake into a directory() output (the workflow's built datasets) after the build: not data.
+SNAKEMAKE_TIMESTAMP = ".snakemake_timestamp"
 FORMAT_VERSION = 1
 CHUNK_BYTES = 4 * 2**20
 
@@ -63,6 +68,17 @@ class Manifest:
         """sha256 of the canonical JSON of the sorted entries: identifies the dataset's exact content."""
         canonical = json.dumps([asdict(e) for e in self.entries], sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def differences(self, found: Manifest) -> list[str]:
+        """One line per file of `found` (a scan of a copy) that is missing, altered or not listed here."""
+        actual = {e.path: e for e in found.entries}
+        problems = []
+        for entry in self.entries:
+            copy = actual.pop(entry.path, None)
+            problem = "missing" if copy is None else entry.mismatch(copy)
+            if problem:
+                problems.append(f"{entry.path}: {problem}")
+        return problems + [f"{path}: not in {MANIFEST_NAME}" for path in sorted(actual)]
 
     def to_json(self) -> str:
         return (
@@ -128,17 +144,41 @@ def hash_stream(path: str, f: BinaryIO, sink: BinaryIO | None = None) -> FileEnt
 def scan_local(root: Path) -> Manifest:
     """Manifest of every file below the local directory `root`.
 
-    A manifest and the fetch and staging markers at the top are left out, so a fetched copy can be staged again
-    as it is.
+    A manifest, the fetch and staging markers and Snakemake's timestamp at the top are left out, so a fetched
+    copy, or a dataset the workflow built, can be staged again as it is.
     """
     entries = []
     for file in sorted(p for p in root.rglob("*") if p.is_file()):
         rel = file.relative_to(root).as_posix()
-        if rel in (MANIFEST_NAME, FETCHED_MARKER, STAGING_MARKER):
+        if rel in (MANIFEST_NAME, FETCHED_MARKER, STAGING_MARKER, SNAKEMAKE_TIMESTAMP):
             continue
         with open(file, "rb") as f:
             entries.append(hash_stream(rel, f))
     return Manifest(tuple(entries))
+
+
+def write_build_record(root: Path) -> Manifest:
+    """Record the files of the dataset folder `root`, just built, in `root`/MANIFEST.json."""
+    record = scan_local(root)
+    (root / MANIFEST_NAME).write_text(record.to_json())
+    return record
+
+
+def read_build_record(root: Path) -> Manifest | None:
+    """The build record of the local dataset folder `root`, or None when it has none (an older or hand-made one)."""
+    path = root / MANIFEST_NAME
+    if not path.is_file():
+        return None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(
+            f"{path}: not a readable dataset manifest ({err}); rebuild with trm build-dataset"
+        ) from None
+    try:
+        return Manifest.from_json(text, str(path))
+    except UserError as err:
+        raise UserError(f"{err}; rebuild with trm build-dataset") from None
 
 
 def list_stored(fs: AbstractFileSystem, root: str) -> dict[str, dict]:

@@ -1,8 +1,16 @@
-"""Copy a local dataset folder to storage (gs://BUCKET/PATH, file:///PATH or a local path) with a manifest.
+"""Stage a local dataset folder to storage (gs://BUCKET/PATH, file:///PATH or a local path) with a manifest.
 
-Every file is uploaded, its stored checksum confirmed, files a previous staging wrote that are not in the source
-are deleted, and MANIFEST.json (sizes, md5, crc32c) is written LAST: a destination without a manifest is not a
-staged dataset. Any old manifest is removed before the first change, so an interrupted run leaves none; rerunning
+Only what the build wrote is staged: the folder's MANIFEST.json, written by `trm build-dataset`, lists every
+file with its size and checksums, and every file is checked against it before anything is uploaded. A file
+that is altered, truncated, extended, missing or not listed is refused, named, and nothing is written: rebuild
+the dataset with `trm build-dataset`. A folder without MANIFEST.json (built by an older trm, by the original
+TRM builder or by hand) is refused too, unless --accept-unrecorded is given: its files are then staged as they
+are found.
+
+Every file is uploaded and its stored checksum compared with the build's record (a file that changed during
+the upload is refused, and no manifest is written), files a previous staging wrote that are not in the source
+are deleted, and the build's MANIFEST.json is written LAST: a destination without a manifest is not a staged
+dataset. Any old manifest is removed before the first change, so an interrupted run leaves none; rerunning
 completes it. Files already stored with the right size and checksums are skipped, so rerunning on unchanged
 content transfers nothing.
 
@@ -28,6 +36,7 @@ from trm.data.manifest import (
     FileEntry,
     Manifest,
     list_stored,
+    read_build_record,
     scan_local,
     stored_entry,
 )
@@ -47,15 +56,14 @@ class _BarCallback(Callback):
         self.shown = self.value
 
 
-def stage_dataset(src: str | Path, dest: str) -> dict:
-    """Stage the local folder `src` at the storage URL `dest`; returns counts for the summary line."""
+def stage_dataset(src: str | Path, dest: str, accept_unrecorded: bool = False) -> dict:
+    """Stage the local folder `src` at the storage URL `dest`; returns counts for the summary line.
+
+    `src` must match its build record (MANIFEST.json); without one it is refused unless `accept_unrecorded`.
+    """
     start = time.perf_counter()
     src = Path(src)
-    if not src.is_dir():
-        raise UserError(f"source dataset folder {src} does not exist or is not a directory")
-    manifest = scan_local(src)
-    if not manifest.entries:
-        raise UserError(f"source dataset folder {src} contains no files")
+    manifest = _checked_source(src, accept_unrecorded)
 
     fs, root = storage.filesystem(dest)
     manifest_path = f"{root}/{MANIFEST_NAME}"
@@ -108,6 +116,35 @@ def stage_dataset(src: str | Path, dest: str) -> dict:
     )
 
 
+def _checked_source(src: Path, accept_unrecorded: bool) -> Manifest:
+    """The manifest to stage `src` with: its build record, once every file is checked against it.
+
+    UserError naming the first differing file (and how many more differ), or the missing record.
+    """
+    if not src.is_dir():
+        raise UserError(f"source dataset folder {src} does not exist or is not a directory")
+    found = scan_local(src)
+    if not found.entries:
+        raise UserError(f"source dataset folder {src} contains no files")
+    record = read_build_record(src)
+    if record is None:
+        if accept_unrecorded:
+            return found
+        raise UserError(
+            f"{src / MANIFEST_NAME} not found: {src} has no build record (built by an older trm or by hand), so "
+            "trm stage cannot tell whether its files are the ones the build wrote; rebuild with trm build-dataset, "
+            "or pass --accept-unrecorded to stage the files as they are"
+        )
+    problems = record.differences(found)
+    if problems:
+        more = f" (and {len(problems) - 1} more files differ)" if len(problems) > 1 else ""
+        raise UserError(
+            f"{src}/{problems[0]}{more}: the dataset no longer matches its build record {src / MANIFEST_NAME}; "
+            "nothing was staged: rebuild with trm build-dataset"
+        )
+    return record
+
+
 def _owned_files(fs, root: str, dest: str, has_manifest: bool, has_marker: bool) -> set[str]:
     """The files of `dest` that trm stage wrote: listed by its manifest or by an interrupted run's marker."""
     owned: set[str] = set()
@@ -152,7 +189,7 @@ def _refuse_foreign_files(dest: str, foreign: list[str], has_manifest: bool) -> 
 
 
 def _upload(fs, src: Path, root: str, entry: FileEntry, bar: tqdm) -> None:
-    """Upload one file and confirm that the stored copy has the checksums measured before the upload."""
+    """Upload one file and confirm that the stored copy has the checksums of the build's record."""
     remote = f"{root}/{entry.path}"
     callback = _BarCallback(bar)
     fs.put_file(str(src / entry.path), remote, callback=callback)
@@ -160,7 +197,8 @@ def _upload(fs, src: Path, root: str, entry: FileEntry, bar: tqdm) -> None:
     problem = entry.mismatch(stored_entry(fs, root, entry.path, fs.info(remote)))
     if problem:
         raise UserError(
-            f"{src / entry.path} changed while staging it (stored copy {problem}); rerun trm stage"
+            f"{src / entry.path} changed while staging it (stored copy {problem}); no manifest was written: "
+            "rebuild with trm build-dataset, then rerun trm stage"
         )
 
 
@@ -183,11 +221,16 @@ def _summary(
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("src", help="local dataset folder (e.g. data/sudoku-extreme-1k-aug-1000)")
     parser.add_argument("dest", help="destination URL: gs://BUCKET/PATH, file:///ABS/PATH or a local path")
+    parser.add_argument(
+        "--accept-unrecorded",
+        action="store_true",
+        help="stage a folder without a build record (MANIFEST.json) as its files are now",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     storage.check_url(args.dest)
-    s = stage_dataset(args.src, args.dest)
+    s = stage_dataset(args.src, args.dest, accept_unrecorded=args.accept_unrecorded)
     if not s["manifest_written"]:
         print(
             f"{args.dest}: already up to date, nothing transferred ({s['files']} files, {s['bytes']:,} bytes)"

@@ -129,7 +129,8 @@ def _download(url: str, manifest: Manifest, tmp: Path) -> None:
             problem = entry.mismatch(got)
             if problem:
                 raise UserError(
-                    f"{storage.join(url, entry.path)}: {problem}; restage the dataset with trm stage"
+                    f"{storage.join(url, entry.path)}: {problem}; restage the dataset with trm stage (a folder "
+                    "trm build-dataset wrote: rebuild it)"
                 )
             bar.update(entry.size)
     (tmp / MANIFEST_NAME).write_text(manifest.to_json())

@@ -25,6 +25,7 @@ the other hosts follow within a heartbeat timeout. `--run-dir` may contain `{con
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import traceback
@@ -63,6 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     # JAX and the trainer are imported here, not at the top, so that `trm train --help` stays fast.
     timings = Timings()  # first: the time before it is the process's start and imports
+    if args.wandb and importlib.util.find_spec("wandb") is None:  # say so now, not after the set-up
+        from trm.train.trainer import WANDB_MISSING
+
+        raise UserError(WANDB_MISSING)
     options = distributed.options_from_args(args)
     with timings.phase("setup"):
         distributed.initialize(options)  # before anything touches a device

@@ -4,9 +4,9 @@
 
 --checkpoint: a run dir of `trm train` or `trm import-torch`. The model of its latest checkpoint is used:
   the EMA weights when the run kept an EMA (the output says which: "weights": "ema" or "params").
---data: a staged dataset URL (gs://, file://; fetched into --cache-dir and checked against its manifest),
-  a dataset folder built by `trm build-dataset` (--split test or train), or a Sudoku-Extreme style CSV
-  (.csv or .csv.gz, columns question,answer).
+--data: a staged dataset URL (gs://, file://) or a dataset folder built by `trm build-dataset` (both are
+  copied into --cache-dir and checked against their MANIFEST.json; a folder without one is read as it is),
+  --split test or train; or a Sudoku-Extreme style CSV (.csv or .csv.gz, columns question,answer).
 --batch-size: puzzles per batch over all devices; by default the run's train.global_batch_size, the batch its
   trainer evaluated with, so that the figures at train.eval_steps reproduce the trainer's final evaluation
   bit for bit (on the same devices).
@@ -147,8 +147,12 @@ def main(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         return 0
     csv_url = args.out.removesuffix(".json") + ".csv"
-    storage.write_text(csv_url, results_csv(results))
-    storage.write_text(args.out, text)  # last: its presence means both files are complete
+    try:
+        storage.write_text(csv_url, results_csv(results))
+        storage.write_text(args.out, text)  # last: its presence means both files are complete
+    except UserError:
+        sys.stdout.write(text)  # the evaluation is not lost: its JSON goes to stdout, the error to stderr
+        raise
     print(f"wrote {args.out} and {csv_url}", file=sys.stderr)
     print(json.dumps({"timings": timings.record()}), file=sys.stderr)
     return 0

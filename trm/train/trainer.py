@@ -381,11 +381,16 @@ class Trainer:
         return self._stop_signal is not None
 
 
+WANDB_MISSING = (
+    "--wandb needs the wandb package: pip install -e '.[wandb]' (or pip install 'trm-study[wandb]')"
+)
+
+
 def _start_wandb(config: dict, run_dir: str):
     try:
         import wandb
     except ImportError as err:
-        raise UserError("--wandb needs the wandb package: pip install wandb") from err
+        raise UserError(WANDB_MISSING) from err
     run_id = f"trm-{config_hash(config)}"
     return wandb.init(
         project="trm-study", id=run_id, name=run_id, resume="allow", config=config, notes=f"run dir {run_dir}"

@@ -1,5 +1,7 @@
-# Datasets: each distinct (training puzzles, augmentations) is built once, then staged to storage with a
-# checksum manifest. The smoke scale builds from one offline pool of generated puzzles.
+# Datasets: each distinct (training puzzles, augmentations) is built once, with a record of the checksums of
+# its files (MANIFEST.json), then staged to storage: trm stage refuses files that no longer match the record,
+# and the record becomes the staged copy's manifest. The smoke scale builds from one offline pool of
+# generated puzzles.
 
 
 rule smoke_pool:
