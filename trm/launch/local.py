@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 
+from trm.run.lifetime import ENV_LAUNCHER_PID
 from trm.run import distributed
 from trm.run.spec import Run
 from trm.run.state import EXIT_PREEMPTED
@@ -106,11 +107,13 @@ def run_processes(commands: list[list[str]], envs: list[dict[str, str]]) -> int:
 
     Returns 0 if all succeed, 42 if they stopped on a preemption notice, else the first failing host's code.
     """
-    lock = threading.Lock()
+    lock = threading.RLock()  # re-entrant: the signal handler below may run while the main thread prints
     procs: list[subprocess.Popen] = []
     threads: list[threading.Thread] = []
+    stopping = threading.Event()
 
     def forward(signum, _frame):
+        stopping.set()
         with lock:
             print(f"[launch] signal {signum}: asking every host to save and stop", flush=True)
         for proc in procs:
@@ -120,9 +123,11 @@ def run_processes(commands: list[list[str]], envs: list[dict[str, str]]) -> int:
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         for index, (command, env) in enumerate(zip(commands, envs, strict=True)):
-            proc = subprocess.Popen(
+            if stopping.is_set():
+                break
+            proc = subprocess.Popen(  # from the main thread: the hosts' parent-death signal is tied to it
                 command,
-                env=env,
+                env={**env, ENV_LAUNCHER_PID: str(os.getpid())},
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -133,7 +138,7 @@ def run_processes(commands: list[list[str]], envs: list[dict[str, str]]) -> int:
             thread = threading.Thread(target=_stream, args=(index, proc, lock), daemon=True)
             thread.start()
             threads.append(thread)
-        codes, first_failure = _supervise(procs, lock)
+        codes, first_failure = _supervise(procs, lock, stopping)
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -152,7 +157,17 @@ def run_processes(commands: list[list[str]], envs: list[dict[str, str]]) -> int:
     return EXIT_PREEMPTED if EXIT_PREEMPTED in codes else 0
 
 
-def _supervise(procs: list[subprocess.Popen], lock: threading.Lock) -> tuple[list[int], int | None]:
+def _host_code(proc: subprocess.Popen, stopping: threading.Event) -> int | None:
+    """A host's exit code as a shell shows it (None while it runs); 42 for one our forwarded SIGTERM ended."""
+    code = proc.poll()
+    if code == -signal.SIGTERM and stopping.is_set():  # stopped before its trainer took over the signal
+        return EXIT_PREEMPTED
+    return None if code is None else _exit_code(code)
+
+
+def _supervise(
+    procs: list[subprocess.Popen], lock: threading.Lock, stopping: threading.Event
+) -> tuple[list[int], int | None]:
     """Wait for every host; kill the others as soon as one fails, or when they linger after a preemption.
 
     Returns every host's exit code and the index of the first host that failed (None if none did).
@@ -161,7 +176,7 @@ def _supervise(procs: list[subprocess.Popen], lock: threading.Lock) -> tuple[lis
     preempted_at: float | None = None
     while any(p.poll() is None for p in procs):
         for index, proc in enumerate(procs):
-            code = proc.poll()
+            code = _host_code(proc, stopping)
             if code is None or code == 0:
                 continue
             if code == EXIT_PREEMPTED:
@@ -169,17 +184,14 @@ def _supervise(procs: list[subprocess.Popen], lock: threading.Lock) -> tuple[lis
             elif first_failure is None:
                 first_failure = index
                 with lock:
-                    print(
-                        f"[launch] host {index} failed with code {_exit_code(code)}: stopping the others",
-                        flush=True,
-                    )
+                    print(f"[launch] host {index} failed with code {code}: stopping the others", flush=True)
         lingering = preempted_at is not None and time.time() - preempted_at > PREEMPTED_GRACE_S
         if first_failure is not None or lingering:
             for proc in procs:
                 if proc.poll() is None:
                     proc.kill()
         time.sleep(0.1)
-    return [_exit_code(p.returncode) for p in procs], first_failure
+    return [_host_code(p, stopping) for p in procs], first_failure
 
 
 def check(args: argparse.Namespace, run: Run) -> None:

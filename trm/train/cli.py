@@ -31,6 +31,7 @@ import traceback
 
 from trm.data.verify import DATASET_CACHE
 from trm.errors import UserError
+from trm.run.lifetime import die_with_launcher
 from trm.run import distributed, spec
 from trm.run.state import mark_setup_failed
 from trm.run.timing import Timings
@@ -63,6 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     # JAX and the trainer are imported here, not at the top, so that `trm train --help` stays fast.
     timings = Timings()  # first: the time before it is the process's start and imports
+    die_with_launcher()  # a launcher's host: SIGTERM (save and stop) when the launcher dies
     options = distributed.options_from_args(args)
     with timings.phase("setup"):
         distributed.initialize(options)  # before anything touches a device
