@@ -9,7 +9,8 @@ After `--` come the arguments of `trm train`. The launcher resolves the run once
 the job's devices cannot split, writes the resolved config to RUN_DIR/config.json, and starts every host's trainer
 on that file with the other arguments unchanged. The workflow passes a config it resolved already. The exit code is
 0 when every host finished, 42 when the job was preempted (run the same command again to resume), otherwise a
-failure. Backends:
+failure. SIGINT or SIGTERM stops every host through its checkpoint (exit 42 locally, 128 + the signal on
+tpu-vm); a job of the workflow stops the same way when Snakemake dies (trm/run/lifetime.py). Backends:
   local   H processes on this machine with D CPU devices each (tests, laptops, the workflow's default)
   tpu-vm  every host of a Cloud TPU slice, relaunched after preemptions (trm/launch/tpu_vm.py, docs/tpu.md);
           its settings default to config/config.yaml's launch.tpu (trm/launch/tpu_options.py)
@@ -23,6 +24,7 @@ import importlib
 from trm.config import batch_split_problem
 from trm.errors import UserError
 from trm.launch import tpu_options
+from trm.run.lifetime import watch_controller
 from trm.run import layout, spec
 
 # name -> module defining `check(args, run)` (bad settings, before anything is written) and
@@ -59,4 +61,5 @@ def main(args: argparse.Namespace) -> int:
     backend = importlib.import_module(BACKENDS[args.backend])
     backend.check(args, run)
     layout.claim(run.run_dir, run.config)  # what every host trains
+    watch_controller()  # a workflow's job: stop (as on SIGTERM) if Snakemake is killed
     return backend.launch(args, run, [*run.trainer_arguments(), *other_args])
