@@ -24,8 +24,8 @@ import importlib
 from trm.config import batch_split_problem
 from trm.errors import UserError
 from trm.launch import tpu_options
-from trm.run.lifetime import watch_controller
 from trm.run import layout, spec
+from trm.run.lifetime import watch_controller
 
 # name -> module defining `check(args, run)` (bad settings, before anything is written) and
 # `launch(args, run, host_args) -> int`. Each backend is one module; add new ones here.

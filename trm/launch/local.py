@@ -18,8 +18,8 @@ import sys
 import threading
 import time
 
-from trm.run.lifetime import ENV_LAUNCHER_PID
 from trm.run import distributed
+from trm.run.lifetime import ENV_LAUNCHER_PID
 from trm.run.spec import Run
 from trm.run.state import EXIT_PREEMPTED
 

@@ -31,8 +31,8 @@ import traceback
 
 from trm.data.verify import DATASET_CACHE
 from trm.errors import UserError
-from trm.run.lifetime import die_with_launcher
 from trm.run import distributed, spec
+from trm.run.lifetime import die_with_launcher
 from trm.run.state import mark_setup_failed
 from trm.run.timing import Timings
 from trm.train.hostlog import HostLog
