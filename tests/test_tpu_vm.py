@@ -8,6 +8,7 @@ Every subprocess is bounded by a timeout and killed in `finally`.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import re
 import signal
@@ -205,6 +206,48 @@ def test_cancelled_job_stops_every_host_process_and_hostile_values_stay_quoted(
     for host in hosts.iterdir():
         assert (host / hostile).is_dir()
         assert not any(host.glob("PWNED*")) and not any(REPO.glob("PWNED*"))
+
+
+def test_a_launcher_restarted_after_a_kill_stops_the_trainers_it_left_and_resumes(
+    cloud, tpu_bucket, data, tmp_path
+):
+    """A killed launcher (controller lost) leaves its trainers training on the slice; the next launch of the run
+    stops them through their PID file (they save a checkpoint), resumes, and both attempts' logs are kept."""
+    subprocess.run(["gcloud", "fake-create-node", "trm-test-b"], check=True, timeout=30)
+    subprocess.run(["gcloud", "fake-create-node", SLICE], check=True, timeout=30)
+    run_dir = f"{tpu_bucket}/runs/restarted"
+    # The run's slice is the pool's second: the restarted launcher must still go back to it.
+    pool = ("--tpu-slices", f"trm-test-b,{SLICE}")
+    command = _launch_command(tpu_bucket, tmp_path, run_dir, data, "--set=train.epochs=12", tpu=pool)
+    first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
+    (tmp_path / "locks").mkdir()
+    blocker = (tmp_path / "locks" / "us-central2-b-trm-test-b.lock").open("a+")  # another job holds slice b
+    fcntl.flock(blocker, fcntl.LOCK_EX)
+    first, second = _start(command, first_log), None
+    try:
+        _wait(lambda: _checkpoints(run_dir), first, first_log, 180, "checkpoint")
+        first.kill()
+        first.wait()
+        left = node_pids(SLICE)
+        assert len(left) >= 2  # the trainers outlive a killed launcher on the (remote) hosts
+        fcntl.flock(blocker, fcntl.LOCK_UN)
+        second = _start(command, second_log)
+        second.wait(timeout=300)
+    finally:
+        for launcher in (first, second):
+            if launcher is not None:
+                _stop(launcher)
+        blocker.close()
+    output = second_log.read_text()
+    assert second.returncode == 0, output[-4000:]
+    assert f"slice {SLICE} is ours" in output and not set(left) & set(node_pids(SLICE))
+    host_log = storage.read_text(f"{run_dir}/logs/host-0.log")
+    assert re.search(r"stopped by signal 15 at step \d+; checkpoint saved", host_log), host_log[-4000:]
+    assert "(earlier attempts above)" in host_log and "resuming from step" in host_log
+    for host in (cloud / "hosts" / SLICE).iterdir():
+        hash_log = next(path for path in (host / ".trm/logs").glob("*.log") if path.name != "setup.log")
+        assert hash_log.read_text().count("start of an attempt") == 2
+    wait_until_exited(SLICE)
 
 
 def test_stock_image_failed_setup_fails_the_job_at_once_with_the_hosts_log_tail(
