@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import re
 import signal
 import subprocess
@@ -23,6 +24,7 @@ from test_trainer import TINY, _easy_csv, _sets
 
 from trm import storage
 from trm.cli import main as trm_main
+from trm.run.lifetime import ENV_CONTROLLER_PID
 
 REPO = Path(__file__).resolve().parents[1]
 SLICE = "trm-test-a"
@@ -206,6 +208,35 @@ def test_cancelled_job_stops_every_host_process_and_hostile_values_stay_quoted(
     for host in hosts.iterdir():
         assert (host / hostile).is_dir()
         assert not any(host.glob("PWNED*")) and not any(REPO.glob("PWNED*"))
+
+
+def test_a_launcher_whose_controller_died_stops_every_host_through_its_checkpoint(
+    cloud, tpu_bucket, data, tmp_path
+):
+    """Snakemake SIGKILLed: its job's launcher notices (TRM_CONTROLLER_PID) and cancels as on SIGTERM."""
+    subprocess.run(["gcloud", "fake-create-node", SLICE], check=True, timeout=30)
+    run_dir = f"{tpu_bucket}/runs/orphaned"
+    log = tmp_path / "launcher.log"
+    controller = subprocess.Popen(["sleep", "600"])  # stands for Snakemake
+    command = _launch_command(tpu_bucket, tmp_path, run_dir, data, "--set=train.epochs=12")
+    with open(log, "w") as out:
+        env = {**os.environ, ENV_CONTROLLER_PID: str(controller.pid)}
+        launcher = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        _wait(lambda: _checkpoints(run_dir), launcher, log, 180, "checkpoint")
+        controller.kill()
+        controller.wait()
+        launcher.wait(timeout=120)
+    finally:
+        _stop(launcher)
+        _stop(controller)
+    output = log.read_text()
+    assert launcher.returncode == 128 + signal.SIGTERM, output[-4000:]
+    assert f"the workflow's controller (pid {controller.pid}) is gone" in output
+    assert node_pids(SLICE) == []
+    assert json.loads(storage.read_text(f"{run_dir}/launch.json"))["state"] == "cancelled"
+    host_log = storage.read_text(f"{run_dir}/logs/host-0.log")
+    assert re.search(r"stopped by signal 15 at step \d+; checkpoint saved", host_log), host_log[-4000:]
 
 
 def test_a_launcher_restarted_after_a_kill_stops_the_trainers_it_left_and_resumes(
