@@ -30,6 +30,9 @@ LOCAL_TIMEOUTS = {
     distributed.ENV_INIT_TIMEOUT: "60",
 }
 PREEMPTED_GRACE_S = 60.0  # how long the other hosts may take to follow one that stopped with code 42
+# How long the hosts may take to save and exit after a stop request (the tpu-vm default stop_grace_seconds);
+# then they are killed, and resume from their previous checkpoint.
+STOP_GRACE_S = 120.0
 # glibc's malloc hands XLA:CPU's large per-step buffers back to the kernel after every step, and the next step
 # faults them in again page by page (the smoke baseline: 42,700 page faults and 0.07 s of system time in a
 # 0.215 s step). With transparent huge pages requested for malloc's own mappings the step faults 300 pages
@@ -168,13 +171,17 @@ def _host_code(proc: subprocess.Popen, stopping: threading.Event) -> int | None:
 def _supervise(
     procs: list[subprocess.Popen], lock: threading.Lock, stopping: threading.Event
 ) -> tuple[list[int], int | None]:
-    """Wait for every host; kill the others as soon as one fails, or when they linger after a preemption.
+    """Wait for every host; kill the others as soon as one fails, or when they linger after a preemption or a
+    stop request.
 
     Returns every host's exit code and the index of the first host that failed (None if none did).
     """
     first_failure: int | None = None
     preempted_at: float | None = None
+    stop_requested_at: float | None = None
     while any(p.poll() is None for p in procs):
+        if stopping.is_set() and stop_requested_at is None:
+            stop_requested_at = time.time()
         for index, proc in enumerate(procs):
             code = _host_code(proc, stopping)
             if code is None or code == 0:
@@ -186,7 +193,14 @@ def _supervise(
                 with lock:
                     print(f"[launch] host {index} failed with code {code}: stopping the others", flush=True)
         lingering = preempted_at is not None and time.time() - preempted_at > PREEMPTED_GRACE_S
-        if first_failure is not None or lingering:
+        overdue = stop_requested_at is not None and time.time() - stop_requested_at > STOP_GRACE_S
+        if overdue and any(p.poll() is None for p in procs):
+            with lock:
+                print(
+                    f"[launch] hosts still running {STOP_GRACE_S:.0f} s after the stop request: killed",
+                    flush=True,
+                )
+        if first_failure is not None or lingering or overdue:
             for proc in procs:
                 if proc.poll() is None:
                     proc.kill()
