@@ -4,7 +4,10 @@ Each process runs `trm train <train args>` with JAX_PLATFORMS=cpu, JAX_NUM_CPU_D
 (MALLOC_HUGE_PAGES) and, for H > 1, the coordinator 127.0.0.1:<free port>, its process id and short failure
 timeouts in TRM_* variables (see trm/run/distributed.py); H = 1 is a plain single-process run. Output is
 streamed line by line with a "[host i]" prefix. When a host fails the others are killed; SIGTERM and SIGINT are
-forwarded to every host as SIGTERM (a preemption notice: all hosts save at one step and exit 42).
+forwarded to every host as SIGTERM (a preemption notice: all hosts save at one step and exit 42). A host that
+this SIGTERM ends before its trainer took the signal over counts as stopped (42), not failed; hosts still
+running STOP_GRACE_S after it are killed (they resume from their previous checkpoint). The hosts lead their own
+session and get SIGTERM when the launcher dies, however it dies (trm/run/lifetime.py).
 """
 
 from __future__ import annotations
