@@ -32,15 +32,21 @@ localrules:
 
 
 
-# Before the first job of a TPU study (not in dry runs): gcloud, credentials, the bucket, the TPU API, the slices
-# and ssh, each failure with its fix (trm preflight; launch.tpu.preflight: false skips it).
-if config["launch"]["backend"] == "tpu-vm" and config["launch"]["tpu"]["preflight"]:
-
-    onstart:
+# Before the first job: SIGINT and SIGTERM (like Ctrl-C) stop every running job through its checkpoint, and
+# Snakemake then exits 128 + the signal (trm/study/interrupts.py; README "Stopping a study"). Of a TPU study (not
+# in dry runs): gcloud, credentials, the bucket, the TPU API, the slices and ssh, each failure with its fix
+# (trm preflight; launch.tpu.preflight: false skips it).
+onstart:
+    interrupts.install()
+    if config["launch"]["backend"] == "tpu-vm" and config["launch"]["tpu"]["preflight"]:
         import subprocess
 
         if subprocess.run(preflight_command()).returncode != 0:
             raise WorkflowError("trm preflight failed (above): fix what it names, then rerun")
+
+
+onerror:
+    interrupts.exit_if_interrupted()
 
 
 rule all:

@@ -45,6 +45,7 @@ LONGEST_MODULES = [
     "test_trainer.py",
     "test_tpu_profile.py",
     "test_tpu_vm.py",
+    "test_interrupts.py",
     "test_workflow.py",
 ]
 

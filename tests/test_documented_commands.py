@@ -124,7 +124,7 @@ def check_snakemake(argv: list[str]) -> None:
         profile_settings = yaml.safe_load((profile / "config.yaml").read_text())
         files.append(profile / profile_settings["configfile"])
     files += [REPO / f for f in args.configfile or [] if (REPO / f).is_file()]
-    if not args.dryrun and not args.report and args.cores is None and args.jobs is None:
+    if not args.dryrun and not args.report and not args.unlock and args.cores is None and args.jobs is None:
         assert "cores" in profile_settings, "a run needs --cores N (or a profile that sets cores)"
     assert set(args.targets) <= RULES, f"unknown target(s) {set(args.targets) - RULES}"
 

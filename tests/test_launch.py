@@ -14,6 +14,7 @@ import pytest
 
 from trm.cli import main as trm
 from trm.errors import UserError
+from trm.launch import local
 from trm.launch.local import host_environment, one_thread_per_job, run_processes
 from trm.run import distributed
 from trm.run.state import read_run
@@ -160,6 +161,23 @@ def test_all_hosts_succeed_and_a_signal_becomes_a_preemption_everywhere(capsys):
     started = time.time()
     assert run_processes([_python(host), _python(host)], [dict(os.environ)] * 2) == 42
     assert time.time() - started < 60
+
+
+def test_hosts_that_do_not_stop_within_the_grace_are_killed(capsys, monkeypatch):
+    monkeypatch.setattr(local, "STOP_GRACE_S", 2.0)
+    stubborn = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(120)\n"
+
+    def interrupt_when_ready():
+        deadline = time.time() + 60
+        while "ready" not in capsys.readouterr().out and time.time() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=interrupt_when_ready, daemon=True).start()
+    started = time.time()
+    assert run_processes([_python(stubborn)], [dict(os.environ)]) == 128 + signal.SIGKILL
+    assert time.time() - started < 60
+    assert "hosts still running 2 s after the stop request: killed" in capsys.readouterr().out
 
 
 def test_launch_rejects_bad_arguments(capsys):

@@ -86,6 +86,7 @@ def test_status_reads_every_state_from_the_markers(storage_root, capsys):
     assert "waiting for a v4-64 slice" in lines["queued"]
     assert "trm-v4-64-b" in lines["requeued"]  # the relaunch's slice, not the preempted one
     assert "8 runs under" in table
+    assert "why a run stopped: RUN_DIR/logs/host-<i>.log (every attempt, latest last)" in table
 
     assert trm(["status", "--storage", storage_root, "--json"]) == 0
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]

@@ -8,7 +8,9 @@ Every subprocess is bounded by a timeout and killed in `finally`.
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import re
 import signal
 import subprocess
@@ -23,6 +25,7 @@ from test_trainer import TINY, _easy_csv, _sets
 from trm import storage
 from trm.cli import main as trm_main
 from trm.run.lease import Lease
+from trm.run.lifetime import ENV_CONTROLLER_PID
 
 REPO = Path(__file__).resolve().parents[1]
 SLICE = "trm-test-a"
@@ -248,6 +251,77 @@ def test_a_launcher_whose_lease_is_taken_over_kills_its_trainers_and_writes_noth
     assert node_pids(SLICE) == [], output[-4000:]
     assert storage.read_text(f"{run_dir}/launch.json") == launch_before  # no marker after the loss
     assert json.loads(storage.read_text(f"{run_dir}/lease.json"))["job"] == taker.holder.job
+
+
+def test_a_launcher_whose_controller_died_stops_every_host_through_its_checkpoint(
+    cloud, tpu_bucket, data, tmp_path
+):
+    """Snakemake SIGKILLed: its job's launcher notices (TRM_CONTROLLER_PID) and cancels as on SIGTERM."""
+    subprocess.run(["gcloud", "fake-create-node", SLICE], check=True, timeout=30)
+    run_dir = f"{tpu_bucket}/runs/orphaned"
+    log = tmp_path / "launcher.log"
+    controller = subprocess.Popen(["sleep", "600"])  # stands for Snakemake
+    command = _launch_command(tpu_bucket, tmp_path, run_dir, data, "--set=train.epochs=12")
+    with open(log, "w") as out:
+        env = {**os.environ, ENV_CONTROLLER_PID: str(controller.pid)}
+        launcher = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        _wait(lambda: _checkpoints(run_dir), launcher, log, 180, "checkpoint")
+        controller.kill()
+        controller.wait()
+        launcher.wait(timeout=120)
+    finally:
+        _stop(launcher)
+        _stop(controller)
+    output = log.read_text()
+    assert launcher.returncode == 128 + signal.SIGTERM, output[-4000:]
+    assert f"the workflow's controller (pid {controller.pid}) is gone" in output
+    assert node_pids(SLICE) == []
+    assert json.loads(storage.read_text(f"{run_dir}/launch.json"))["state"] == "cancelled"
+    host_log = storage.read_text(f"{run_dir}/logs/host-0.log")
+    assert re.search(r"stopped by signal 15 at step \d+; checkpoint saved", host_log), host_log[-4000:]
+
+
+def test_a_launcher_restarted_after_a_kill_stops_the_trainers_it_left_and_resumes(
+    cloud, tpu_bucket, data, tmp_path
+):
+    """A killed launcher (controller lost) leaves its trainers training on the slice; the next launch of the run
+    stops them through their PID file (they save a checkpoint), resumes, and both attempts' logs are kept."""
+    subprocess.run(["gcloud", "fake-create-node", "trm-test-b"], check=True, timeout=30)
+    subprocess.run(["gcloud", "fake-create-node", SLICE], check=True, timeout=30)
+    run_dir = f"{tpu_bucket}/runs/restarted"
+    # The run's slice is the pool's second: the restarted launcher must still go back to it.
+    pool = ("--tpu-slices", f"trm-test-b,{SLICE}")
+    command = _launch_command(tpu_bucket, tmp_path, run_dir, data, "--set=train.epochs=12", tpu=pool)
+    first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
+    (tmp_path / "locks").mkdir()
+    blocker = (tmp_path / "locks" / "us-central2-b-trm-test-b.lock").open("a+")  # another job holds slice b
+    fcntl.flock(blocker, fcntl.LOCK_EX)
+    first, second = _start(command, first_log), None
+    try:
+        _wait(lambda: _checkpoints(run_dir), first, first_log, 180, "checkpoint")
+        first.kill()
+        first.wait()
+        left = node_pids(SLICE)
+        assert len(left) >= 2  # the trainers outlive a killed launcher on the (remote) hosts
+        fcntl.flock(blocker, fcntl.LOCK_UN)
+        second = _start(command, second_log)
+        second.wait(timeout=300)
+    finally:
+        for launcher in (first, second):
+            if launcher is not None:
+                _stop(launcher)
+        blocker.close()
+    output = second_log.read_text()
+    assert second.returncode == 0, output[-4000:]
+    assert f"slice {SLICE} is ours" in output and not set(left) & set(node_pids(SLICE))
+    host_log = storage.read_text(f"{run_dir}/logs/host-0.log")
+    assert re.search(r"stopped by signal 15 at step \d+; checkpoint saved", host_log), host_log[-4000:]
+    assert "(earlier attempts above)" in host_log and "resuming from step" in host_log
+    for host in (cloud / "hosts" / SLICE).iterdir():
+        hash_log = next(path for path in (host / ".trm/logs").glob("*.log") if path.name != "setup.log")
+        assert hash_log.read_text().count("start of an attempt") == 2
+    wait_until_exited(SLICE)
 
 
 def test_stock_image_failed_setup_fails_the_job_at_once_with_the_hosts_log_tail(

@@ -10,7 +10,9 @@ the job's devices cannot split, writes the resolved config to RUN_DIR/config.jso
 on that file with the other arguments unchanged. The workflow passes a config it resolved already. Before writing
 anything in the run dir it takes the run's lease (trm/run/lease.py): a second launcher of the same run fails with
 one line naming the holder. The exit code is 0 when every host finished, 42 when the job was preempted (run the
-same command again to resume), otherwise a failure. Backends:
+same command again to resume), otherwise a failure. SIGINT or SIGTERM stops every host through its checkpoint
+(exit 42 locally, 128 + the signal on tpu-vm); a job of the workflow stops the same way when Snakemake dies
+(trm/run/lifetime.py). Backends:
   local   H processes on this machine with D CPU devices each (tests, laptops, the workflow's default)
   tpu-vm  every host of a Cloud TPU slice, relaunched after preemptions (trm/launch/tpu_vm.py, docs/tpu.md);
           its settings default to config/config.yaml's launch.tpu (trm/launch/tpu_options.py)
@@ -27,6 +29,7 @@ from trm.errors import UserError
 from trm.launch import tpu_options
 from trm.run import layout, spec
 from trm.run.lease import Lease
+from trm.run.lifetime import watch_controller
 
 # name -> module defining `check(args, run)` (bad settings, before anything is written) and
 # `launch(args, run, host_args, lease_lost) -> int`, which stops the job's trainers at once when the threading.Event
@@ -67,6 +70,7 @@ def main(args: argparse.Namespace) -> int:
     # A finished run needs no lease: nothing trains it again.
     with contextlib.nullcontext() if layout.finished(run.run_dir) else lease.held():
         layout.claim(run.run_dir, run.config)  # what every host trains
+        watch_controller()  # a workflow's job: stop (as on SIGTERM) if Snakemake is killed
         code = backend.launch(args, run, [*run.trainer_arguments(), *other_args], lease.lost)
     return EXIT_LEASE_LOST if lease.lost.is_set() else code
 

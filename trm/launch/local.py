@@ -4,7 +4,10 @@ Each process runs `trm train <train args>` with JAX_PLATFORMS=cpu, JAX_NUM_CPU_D
 (MALLOC_HUGE_PAGES) and, for H > 1, the coordinator 127.0.0.1:<free port>, its process id and short failure
 timeouts in TRM_* variables (see trm/run/distributed.py); H = 1 is a plain single-process run. Output is
 streamed line by line with a "[host i]" prefix. When a host fails the others are killed; SIGTERM and SIGINT are
-forwarded to every host as SIGTERM (a preemption notice: all hosts save at one step and exit 42).
+forwarded to every host as SIGTERM (a preemption notice: all hosts save at one step and exit 42). A host that
+this SIGTERM ends before its trainer took the signal over counts as stopped (42), not failed; hosts still
+running STOP_GRACE_S after it are killed (they resume from their previous checkpoint). The hosts lead their own
+session and get SIGTERM when the launcher dies, however it dies (trm/run/lifetime.py).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import threading
 import time
 
 from trm.run import distributed
+from trm.run.lifetime import ENV_LAUNCHER_PID
 from trm.run.spec import Run
 from trm.run.state import EXIT_PREEMPTED
 
@@ -29,6 +33,9 @@ LOCAL_TIMEOUTS = {
     distributed.ENV_INIT_TIMEOUT: "60",
 }
 PREEMPTED_GRACE_S = 60.0  # how long the other hosts may take to follow one that stopped with code 42
+# How long the hosts may take to save and exit after a stop request (the tpu-vm default stop_grace_seconds);
+# then they are killed, and resume from their previous checkpoint.
+STOP_GRACE_S = 120.0
 # glibc's malloc hands XLA:CPU's large per-step buffers back to the kernel after every step, and the next step
 # faults them in again page by page (the smoke baseline: 42,700 page faults and 0.07 s of system time in a
 # 0.215 s step). With transparent huge pages requested for malloc's own mappings the step faults 300 pages
@@ -112,11 +119,13 @@ def run_processes(
 
     Returns 0 if all succeed, 42 if they stopped on a preemption notice, else the first failing host's code.
     """
-    lock = threading.Lock()
+    lock = threading.RLock()  # re-entrant: the signal handler below may run while the main thread prints
     procs: list[subprocess.Popen] = []
     threads: list[threading.Thread] = []
+    stopping = threading.Event()
 
     def forward(signum, _frame):
+        stopping.set()
         with lock:
             print(f"[launch] signal {signum}: asking every host to save and stop", flush=True)
         for proc in procs:
@@ -126,9 +135,11 @@ def run_processes(
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         for index, (command, env) in enumerate(zip(commands, envs, strict=True)):
-            proc = subprocess.Popen(
+            if stopping.is_set():
+                break
+            proc = subprocess.Popen(  # from the main thread: the hosts' parent-death signal is tied to it
                 command,
-                env=env,
+                env={**env, ENV_LAUNCHER_PID: str(os.getpid())},
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -139,7 +150,7 @@ def run_processes(
             thread = threading.Thread(target=_stream, args=(index, proc, lock), daemon=True)
             thread.start()
             threads.append(thread)
-        codes, first_failure = _supervise(procs, lock, lease_lost)
+        codes, first_failure = _supervise(procs, lock, stopping, lease_lost)
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -158,18 +169,33 @@ def run_processes(
     return EXIT_PREEMPTED if EXIT_PREEMPTED in codes else 0
 
 
+def _host_code(proc: subprocess.Popen, stopping: threading.Event) -> int | None:
+    """A host's exit code as a shell shows it (None while it runs); 42 for one our forwarded SIGTERM ended."""
+    code = proc.poll()
+    if code == -signal.SIGTERM and stopping.is_set():  # stopped before its trainer took over the signal
+        return EXIT_PREEMPTED
+    return None if code is None else _exit_code(code)
+
+
 def _supervise(
-    procs: list[subprocess.Popen], lock: threading.Lock, lease_lost: threading.Event | None
+    procs: list[subprocess.Popen],
+    lock: threading.Lock,
+    stopping: threading.Event,
+    lease_lost: threading.Event | None,
 ) -> tuple[list[int], int | None]:
-    """Wait for every host; kill the others as soon as one fails, or when they linger after a preemption.
+    """Wait for every host; kill the others as soon as one fails, when they linger after a preemption or a
+    stop request, or at once when the lease is lost.
 
     Returns every host's exit code and the index of the first host that failed (None if none did).
     """
     first_failure: int | None = None
     preempted_at: float | None = None
+    stop_requested_at: float | None = None
     while any(p.poll() is None for p in procs):
+        if stopping.is_set() and stop_requested_at is None:
+            stop_requested_at = time.time()
         for index, proc in enumerate(procs):
-            code = proc.poll()
+            code = _host_code(proc, stopping)
             if code is None or code == 0:
                 continue
             if code == EXIT_PREEMPTED:
@@ -177,17 +203,22 @@ def _supervise(
             elif first_failure is None:
                 first_failure = index
                 with lock:
-                    print(
-                        f"[launch] host {index} failed with code {_exit_code(code)}: stopping the others",
-                        flush=True,
-                    )
+                    print(f"[launch] host {index} failed with code {code}: stopping the others", flush=True)
         lingering = preempted_at is not None and time.time() - preempted_at > PREEMPTED_GRACE_S
-        if first_failure is not None or lingering or (lease_lost is not None and lease_lost.is_set()):
+        overdue = stop_requested_at is not None and time.time() - stop_requested_at > STOP_GRACE_S
+        if overdue and any(p.poll() is None for p in procs):
+            with lock:
+                print(
+                    f"[launch] hosts still running {STOP_GRACE_S:.0f} s after the stop request: killed",
+                    flush=True,
+                )
+        lost = lease_lost is not None and lease_lost.is_set()
+        if first_failure is not None or lingering or overdue or lost:
             for proc in procs:
                 if proc.poll() is None:
                     proc.kill()
         time.sleep(0.1)
-    return [_exit_code(p.returncode) for p in procs], first_failure
+    return [_host_code(p, stopping) for p in procs], first_failure
 
 
 def check(args: argparse.Namespace, run: Run) -> None:

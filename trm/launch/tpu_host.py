@@ -8,7 +8,8 @@ PyPI, a CPython build when the host has no Python 3.11). Files on a host live un
   venv/.trm-setup        the set-up key (the wheel's sha256 and the set-up settings): current means skip
   wheels/                the downloaded code wheels
   logs/setup.log         the last set-up's output (its tail is shown when it fails)
-  logs/<hash>.log        the trainer's output (also uploaded by the trainer to the run dir's logs/)
+  logs/<hash>.log        the trainer's output, every attempt appended (also uploaded by the trainer to the run
+                         dir's logs/)
   train.pid              pid of the running trainer, which leads its own process group
 
 The stock image (tpu-ubuntu2204-base) has Python 3.10 only, and jax 0.10.2 needs 3.11: the set-up installs uv
@@ -161,7 +162,9 @@ def start_script(
             f"export TRM_COORDINATOR={shlex.quote(coordinator)} TRM_NUM_PROCESSES={int(num_processes)}",
             'export TRM_PROCESS_ID="$worker"',
             f"export TRM_SLICE={shlex.quote(slice_name)} PYTHONUNBUFFERED=1",
-            f"nohup setsid bash -c {shlex.quote(inner)} > {log} 2>&1 < /dev/null &",
+            # Appended: a relaunch keeps the output of the attempts before it.
+            f'echo "===== $(date -u "+%Y-%m-%d %H:%M:%S") start of an attempt =====" >> {log}',
+            f"nohup setsid bash -c {shlex.quote(inner)} >> {log} 2>&1 < /dev/null &",
         ]
     )
 

@@ -17,8 +17,11 @@ the run's resolved config to RUN_DIR/config.json (every host trains that file, r
     is lost (stale heartbeat), recreate the slice (create mode) or wait for it (pool), and relaunch: the
     trainer resumes from the latest checkpoint. At most `--tpu-max-relaunches` times. An ssh start that fails
     twice in a row on a slice that stays READY fails the job instead.
- 5. SIGTERM or SIGINT (Snakemake cancelling the job) stops the trainer on every host (it checkpoints first),
-    marks the run cancelled and exits 128 + signal.
+ 5. SIGTERM or SIGINT (Snakemake cancelling the job, or Snakemake gone: trm/run/lifetime.py) stops the
+    trainer on every host (it checkpoints first), marks the run cancelled and exits 128 + signal. A launcher
+    killed outright leaves its trainers running on the slice; the next launch of the run takes that slice first
+    and its start script stops them (SIGTERM through the hosts' PID file, SIGKILL after stop_grace_seconds)
+    before starting the trainers that resume from their checkpoint.
  6. The run's lease (trm/run/lease.py) is this launcher's for the whole job, across every relaunch and slice
     recreation. Should another launcher take it over (this one silent longer than stale_after_seconds), the
     trainers are killed at once, without a checkpoint or marker, and the job fails: the run is the other's.
@@ -272,6 +275,13 @@ def check(args: argparse.Namespace, run: Run) -> None:
             raise UserError(f"{flag} {url}: the tpu-vm backend needs a gs:// URL (TPU hosts share no files)")
 
 
+def _last_slice_first(slices: tuple[str, ...], run: Run) -> tuple[str, ...]:
+    """The pool with the run's last slice first: after a killed launcher its trainers may still run there, and
+    the next start on that slice stops them through their PID file (they save a checkpoint) before it resumes."""
+    last = runstate.read_run(run.run_dir).launch.get("slice")
+    return (last, *(name for name in slices if name != last)) if last in slices else slices
+
+
 def launch(args: argparse.Namespace, run: Run, host_args: list[str], lease_lost: threading.Event) -> int:
     """Entry point of the registry in trm/launch/cli.py."""
     options = tpu_options.from_arguments(args)
@@ -279,7 +289,7 @@ def launch(args: argparse.Namespace, run: Run, host_args: list[str], lease_lost:
     previous = {sig: signal.signal(sig, _raise_cancelled) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         pool = slice_pool.acquire_slice(
-            options.slices, options.zone, options.lock_dir, options.poll_seconds, log
+            _last_slice_first(options.slices, run), options.zone, options.lock_dir, options.poll_seconds, log
         )
         with pool as name:
             log(f"slice {name} is ours for this job")

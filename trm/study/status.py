@@ -12,6 +12,9 @@ run's state comes from the markers its trainer and launcher write (trm/run/state
   preempted   stopped with a checkpoint; resumes on relaunch
   finished    _SUCCESS written                            failed / cancelled   with the reason
 
+Under the table, when a run stopped early: where its hosts' logs are (every attempt in one file, the latest
+last).
+
 Experiments are named by matching each run's config hash with the study plan at the run's scale (experiments with
 equal configs share a run); other runs show their directory name. ETA = steps left / recent steps per second.
 """
@@ -36,6 +39,7 @@ from trm.run.state import RunState, read_run
 from trm.study.scale import SCALES
 
 RUN_MARKERS = (layout.CONFIG, layout.STATUS, layout.LAUNCH)
+STOPPED = ("preempted", "failed", "lost", "cancelled")  # states whose reason is in the run's host logs
 NOT_RUN_DIRS = {layout.CHECKPOINTS, layout.LOGS, "datasets", "code"}  # folders the search never descends into
 
 
@@ -223,7 +227,11 @@ def render(root: str, stale_after_s: float, as_json: bool) -> str:
         counts[run.state] = counts.get(run.state, 0) + 1
     summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    return f"{format_table([row(run, name) for name, run in runs])}\n\n{len(runs)} runs under {root}: {summary} ({stamp})"
+    table = format_table([row(run, name) for name, run in runs])
+    text = f"{table}\n\n{len(runs)} runs under {root}: {summary} ({stamp})"
+    if any(run.state in STOPPED for _, run in runs):
+        text += f"\nwhy a run stopped: RUN_DIR/{layout.LOGS}/host-<i>.log (every attempt, latest last)"
+    return text
 
 
 def main(args: argparse.Namespace) -> int:

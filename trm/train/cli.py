@@ -11,7 +11,8 @@ heartbeat, read by `trm status` and the TPU launcher; see trm/run/state.py) and 
 
 Running the same command again after a kill or preemption continues from the latest checkpoint and ends with
 the same parameters as an uninterrupted run; one stopped during the final evaluation continues it after its last
-saved batch. SIGTERM/SIGINT save a checkpoint (or the evaluation's progress) and exit with code 42.
+saved batch. SIGTERM/SIGINT save a checkpoint (or the evaluation's progress) and exit with code 42; a trainer
+started by `trm launch --backend local` also gets SIGTERM when its launcher dies (trm/run/lifetime.py).
 Exit codes: 0 finished, 2 bad input, 42 stopped early (resumable).
 
 Multi-host (one process per host, see `trm launch` and trm/run/distributed.py): every process runs this
@@ -33,6 +34,7 @@ import traceback
 from trm.data.verify import DATASET_CACHE
 from trm.errors import UserError
 from trm.run import distributed, spec
+from trm.run.lifetime import die_with_launcher
 from trm.run.state import mark_setup_failed
 from trm.run.timing import Timings
 from trm.train.hostlog import HostLog
@@ -68,6 +70,7 @@ def main(args: argparse.Namespace) -> int:
         from trm.train.trainer import WANDB_MISSING
 
         raise UserError(WANDB_MISSING)
+    die_with_launcher()  # a launcher's host: SIGTERM (save and stop) when the launcher dies
     options = distributed.options_from_args(args)
     with timings.phase("setup"):
         distributed.initialize(options)  # before anything touches a device

@@ -3,16 +3,23 @@
 Everything the process writes to sys.stdout and sys.stderr is also kept in memory and rewritten whole to the
 log file at each `flush()` (GCS objects cannot be appended to). The file is written only after `attach()`:
 the trainer attaches once the run dir is known to belong to this run, so a refused run writes nothing there.
-Output of C++ code (XLA, the JAX coordination service) goes to the terminal only.
+A relaunch appends: the earlier attempts' text is read at `attach()` and kept in front of a header line
+(ATTEMPT_HEADER) that starts this attempt's output. Output of C++ code (XLA, the JAX coordination service) goes
+to the terminal only. A terminal that went away (the pipe of a killed launcher) is replaced by /dev/null: the
+trainer's output still reaches the log file, and a clean stop stays clean instead of ending in BrokenPipeError.
 """
 
 from __future__ import annotations
 
 import io
+import os
+import socket
 import sys
 import time
 
 from trm import storage
+
+ATTEMPT_HEADER = "===== {time} {host} pid {pid}: this attempt's output (earlier attempts above) =====\n"
 
 
 class _Tee(io.TextIOBase):
@@ -22,10 +29,24 @@ class _Tee(io.TextIOBase):
 
     def write(self, text: str) -> int:
         self.sink.append(text)
-        return self.stream.write(text)
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            self._to_devnull()
+            return len(text)
 
     def flush(self) -> None:
-        self.stream.flush()
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self._to_devnull()
+
+    def _to_devnull(self) -> None:
+        """The reader of our terminal pipe is gone: send the file descriptor (also C++ output, and Python's
+        final flush at exit) to /dev/null, as Python's documentation advises for SIGPIPE."""
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self.stream.fileno())
+        os.close(devnull)
 
     def isatty(self) -> bool:
         return self.stream.isatty()
@@ -40,6 +61,7 @@ class HostLog:
     def __init__(self, flush_every_s: float = 30.0) -> None:
         self.flush_every_s = flush_every_s
         self.url: str | None = None
+        self._earlier = ""  # the log file's text from earlier attempts
         self._chunks: list[str] = []
         self._last_flush = time.time()
         self._saved = (sys.stdout, sys.stderr)
@@ -47,6 +69,12 @@ class HostLog:
         sys.stderr = _Tee(sys.stderr, self._chunks)
 
     def attach(self, url: str) -> None:
+        """Write to `url` from now on, after what earlier attempts wrote there."""
+        if storage.exists(url):
+            header = ATTEMPT_HEADER.format(
+                time=time.strftime("%Y-%m-%d %H:%M:%S"), host=socket.gethostname(), pid=os.getpid()
+            )
+            self._earlier = storage.read_text(url) + header
         self.url = url
         self.flush()
 
@@ -54,7 +82,7 @@ class HostLog:
         sys.stdout.flush()
         sys.stderr.flush()
         if self.url is not None:
-            storage.write_text(self.url, "".join(self._chunks))
+            storage.write_text(self.url, self._earlier + "".join(self._chunks))
             self._last_flush = time.time()
 
     def maybe_flush(self) -> None:

@@ -20,6 +20,7 @@ from trm.launch.local import one_thread_per_job
 from trm.run import layout
 from trm.storage import GCS_SCHEMES, check_url, write_text
 from trm.storage import join as url_join
+from trm.study import interrupts
 from trm.study.estimate import (
     CostCache,
     accelerator_hours,
