@@ -399,8 +399,9 @@ def test_incomplete_resolved_config_is_rejected(tmp_path, base):
     path = write(tmp_path, json.dumps(config), "config.json")
     with pytest.raises(UserError) as err:
         load_config(path, base=None)
-    assert f"{path}: missing key 'arch.loss'" in str(err.value)
-    assert f"{path}: missing key 'schedules.halt_exploration'" in str(err.value)
+    assert str(err.value).startswith(
+        f"{path}: not a resolved config (missing 'arch.loss', 'schedules.halt_exploration'); "
+    )
     with pytest.raises(UserError, match="no config given"):
         load_config(base=None)
 
