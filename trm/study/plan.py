@@ -18,6 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from trm import storage
 from trm.config import (
     BASE_CONFIG,
     EXPERIMENTS_DIR,
@@ -126,19 +127,28 @@ def plan_study(
     plan = []
     for exp_id in selected:
         path = Path(experiments_dir) / f"{exp_id}.yaml"
-        paper = load_config(path)
-        config = (
-            paper
-            if scale == "paper"
-            else validate_config(at_scale(paper, scale), f"{path} at the {scale} scale")
-        )
-        if scale == "smoke" and config["data"]["train_puzzles"] > SMOKE_POOL["train"]:
-            raise UserError(
-                f"{path}: data.train_puzzles {paper['data']['train_puzzles']} needs "
-                f"{config['data']['train_puzzles']} smoke puzzles, more than the pool's {SMOKE_POOL['train']}"
-            )
+        config = config_at_scale(load_config(path), scale, str(path))
         plan.append(Experiment(exp_id, group_of[exp_id], path, config, config_hash(config)))
     return plan
+
+
+def config_at_scale(paper: dict, scale: str, source: str) -> dict:
+    """The config the study trains for an experiment's resolved (paper) config at `scale`, validated: its hash
+    names the run dir. `source` names the experiment file in errors."""
+    if scale == "paper":
+        return paper
+    config = validate_config(at_scale(paper, scale), f"{source} at the {scale} scale")
+    if scale == "smoke" and config["data"]["train_puzzles"] > SMOKE_POOL["train"]:
+        raise UserError(
+            f"{source}: data.train_puzzles {paper['data']['train_puzzles']} needs "
+            f"{config['data']['train_puzzles']} smoke puzzles, more than the pool's {SMOKE_POOL['train']}"
+        )
+    return config
+
+
+def run_dir_of(storage_root: str, scale: str, run_name: str) -> str:
+    """The run dir of a run (`Experiment.run_name`) of the study at `scale` below its `storage` setting."""
+    return storage.join(storage_root, scale, "runs", run_name)
 
 
 def check_batches(plan: list[Experiment], devices: int, where: str) -> None:

@@ -30,7 +30,7 @@ from trm.study.estimate import (
     training_flops,
 )
 from trm.study.groups import REFERENCE_GROUP
-from trm.study.plan import check_batches, parse_dataset_name, plan_study_cached
+from trm.study.plan import check_batches, parse_dataset_name, plan_study_cached, run_dir_of
 from trm.study.scale import SMOKE_POOL, TEST_PUZZLES
 from trm.study.settings import check_settings, load_schema
 
@@ -295,7 +295,7 @@ def dataset_url(dataset):
 
 
 def run_url(exp_id):
-    return url_join(STORAGE, "runs", PLAN[exp_id].run_name)
+    return run_dir_of(config["storage"], config["scale"], PLAN[exp_id].run_name)
 
 
 def config_file(exp_id):
