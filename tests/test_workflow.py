@@ -145,6 +145,8 @@ def test_dry_run_prints_estimated_training_and_evaluation_hours_per_job(workdir)
     }
     assert final_rows == {"exp06_a": "18", "exp06_f": "16"}
     assert "6 experiments in 1 groups and 1 reference" in output and "7 distinct runs" in output
+    # The assumed utilization is a guess (smoke runs took 1.5 to 8 times less): the line says so.
+    assert "estimated at an assumed 10% of peak (a rough bound, not a forecast):" in output
     assert "x 32 steps at the end" in output  # one pass to the largest test_time_steps count
     study = {line.split(":")[0].strip(): line for line in output.splitlines() if line.startswith("  ")}
     for part, per_job in (("training", training), ("evaluation", evaluation)):

@@ -271,7 +271,9 @@ def _plan_summary():
     """The study's line of the dry run, then its training and evaluation hours."""
     runs = list(FIRST_WITH_HASH.values())
     compiled = sum(first in COMPILED for first in runs)
-    assumed = f"an assumed {config['accelerator']['utilization']:.0%} of peak"
+    # The assumed utilization is a guess, not a calibration (at 10%, smoke runs took 1.5 to 8 times less than
+    # estimated), so the line says what the figure is.
+    assumed = f"an assumed {config['accelerator']['utilization']:.0%} of peak (a rough bound, not a forecast)"
     roofline = "at their compiled steps' roofline times (a best case; snakemake compile_check)"
     if not compiled:
         source = f"at {assumed}"
