@@ -1,28 +1,36 @@
-"""Benchmark: throughput of the real fused train step (trm.train.step.TrainStep) on this machine.
+"""Benchmark: throughput of the real fused train step (trm.train.step.TrainStep) on this machine's CPU.
 
 For each case (hidden width, forward dtype) of the Sudoku MLP-T baseline, builds the model, optimizers and
 state exactly as the trainer does (load_config over config/base.yaml, Model, TrainStep, init_state), feeds
 random Sudoku-shaped batches and times steady-state steps. In the same run it times a plain jitted square
-matmul of the same total FLOP count as one train step and, with --torch, after every case, a PyTorch
-transcription of the step (not interleaved: PyTorch's OpenMP workers spin on the cores after each of its steps
-and slow whatever runs next). The process runs under the allocator setting the workflow's hosts get
-(trm.launch.local.MALLOC_HUGE_PAGES), re-executing itself if needed; --default-malloc keeps the environment as
-it is. Reported per case:
+matmul of the same total FLOP count as one train step and, on request, the PyTorch side:
+
+- --torch: a PyTorch transcription of the original's step (`TorchTrainStep`, below; needs torch);
+- --original-repo PATH: the ORIGINAL TRM's own model, loss head, optimizers and EMA from a checkout of
+  github.com/SamsungSAILMontreal/TinyRecursiveModels (fetched for the benchmark, never committed), eager, as
+  the original runs on a CPU (benchmarks/original_trm.py `OriginalTrainStep`; needs torch, pydantic, einops).
+
+Every ratio printed is between figures measured in this run; there are no figures from elsewhere. The whole
+measurement is repeated --rounds times; in each round every case times ours, then the matmul, then each
+PyTorch side, --steps steps each, after one untimed step (which also absorbs PyTorch's OpenMP workers, which
+go on spinning on the cores for a while after each of its steps and slow whatever runs next). Reported per
+case: the median over rounds of each round's median step, and for each ratio its median and its range over
+the rounds:
 
 - examples/s and achieved GFLOP/s (examples/s x flops_per_example_step, trm/model/flops.py);
-- achieved / matmul: the fraction of this CPU's plain-matmul rate the step reaches (transfers across
-  machines);
-- ratio to the original PyTorch TRM's figures in spec performance.md (4.13 / 2.64 / 20.8 examples/s) and,
-  with --torch, to a PyTorch transcription of the step run here (needs `pip install torch`);
+- /matmul: the fraction of this CPU's plain-matmul rate the step reaches, from wall time and (cpu) from
+  process CPU time, which load from other processes inflates far less (transfers across machines);
+- ours over the transcription's and over the original's examples/s;
 - compile time (first call minus a steady step) and the compile count after warm-up (must stay 1).
 
-Absolute figures drift with machine load; compare the ratios, on an otherwise idle machine. Each step is also
-timed in process CPU seconds, which load from other processes inflates far less than wall time (on a machine
-shared by other jobs, the "(cpu)" ratio is the steadier one). XLA_FLAGS and GLIBC_TUNABLES are printed with the
-table.
+The process runs under the allocator setting the workflow's hosts get (trm.launch.local.MALLOC_HUGE_PAGES),
+re-executing itself if needed; --default-malloc keeps the environment as it is. Absolute figures drift with
+machine load: compare the ratios, on an otherwise idle machine. XLA_FLAGS and GLIBC_TUNABLES are printed with
+the table. On a GPU, benchmarks/bench_gpu_step.py times ours against the original's own step
+(docs/performance.md).
 
     .venv/bin/python benchmarks/bench_train_step.py [--cases 512:float32 512:bfloat16 128:float32]
-        [--batch 16] [--steps 5] [--torch] [--default-malloc]
+        [--batch 16] [--steps 5] [--rounds 3] [--torch] [--original-repo PATH] [--default-malloc]
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -47,8 +56,6 @@ from trm.model.layers import swiglu_width
 from trm.train.step import Model, TrainStep, init_state
 
 SUDOKU_META = sudoku_metadata(1)
-# Examples/s of the original PyTorch TRM at batch 16 on a 2-core CPU (spec performance.md).
-ORIGINAL_EXAMPLES_PER_S = {(512, "float32"): 4.13, (512, "bfloat16"): 2.64, (128, "float32"): 20.8}
 TOTAL_STEPS = 100_000  # only shapes the lr schedule; warm-up is irrelevant to throughput
 
 
@@ -193,85 +200,148 @@ class TorchTrainStep:
                 self.ema[name].lerp_(p, 1 - ema_rate)
                 p.grad = None
 
+
+class JaxTrainStep:
+    """Our train step as the trainer builds it; compiled and run once at construction (that call timed)."""
+
+    def __init__(self, width: int, dtype: str, batch: int) -> None:
+        overrides = [
+            f"arch.hidden_size={width}",
+            f"arch.forward_dtype={dtype}",
+            f"train.global_batch_size={batch}",
+        ]
+        config = load_config(None, overrides)
+        self.cfg = cfg = ModelConfig.from_dict(config["arch"], SUDOKU_META)
+        model = Model(cfg, seed=0)
+        self.train_step = TrainStep(model, config, TOTAL_STEPS)
+        self.state = init_state(model, config, batch)
+        self.cycles = (cfg.H_cycles, cfg.L_cycles)
+        self.exploration = jnp.float32(cfg.halt_exploration_prob)
+        rng = np.random.default_rng(0)
+        self.batches = [random_batch(rng, batch) for _ in range(4)]
+        self.updates = 0
+        self.first_s = timed(self._step)[0]
+
+    def _step(self):
+        self.updates += 1
+        batch = self.batches[self.updates % len(self.batches)]
+        self.state, metrics = self.train_step(
+            self.state, batch, self.exploration, self.cycles, update=self.updates
+        )
+        return self.state, metrics
+
     def time(self) -> tuple[float, float]:
-        return timed(self.step)
+        return timed(self._step)
 
 
-def bench_case(width: int, dtype: str, batch: int, steps: int) -> dict:
-    overrides = [
-        f"arch.hidden_size={width}",
-        f"arch.forward_dtype={dtype}",
-        f"train.global_batch_size={batch}",
-    ]
-    config = load_config(None, overrides)
-    cfg = ModelConfig.from_dict(config["arch"], SUDOKU_META)
-    model = Model(cfg, seed=0)
-    train_step = TrainStep(model, config, TOTAL_STEPS)
-    state = init_state(model, config, batch)
-    cycles = (cfg.H_cycles, cfg.L_cycles)
-    exploration = jnp.float32(cfg.halt_exploration_prob)
-    rng = np.random.default_rng(0)
-    batches = [random_batch(rng, batch) for _ in range(4)]
+class TimedStep:
+    """A PyTorch step object (TorchTrainStep, OriginalTrainStep) with time() -> (wall s, process CPU s)."""
 
-    def one_step(i: int):
-        nonlocal state
-        state, metrics = train_step(state, batches[i % len(batches)], exploration, cycles, update=i + 1)
-        return state, metrics
+    def __init__(self, step) -> None:
+        self.step = step
 
-    first, _ = timed(lambda: one_step(0))
-    one_step_flops = batch * flops_per_example_step(cfg)
-    baseline = MatmulBaseline(one_step_flops, dtype)
-    step_times = [timed(lambda i=i: one_step(i)) for i in range(1, steps + 1)]
-    matmul_times = [baseline.time() for _ in range(steps)]
-    step_s, step_cpu_s = (statistics.median(t) for t in zip(*step_times, strict=True))
-    matmul_s, matmul_cpu_s = (statistics.median(t) for t in zip(*matmul_times, strict=True))
-    examples_per_s = batch / step_s
-    return {
-        "case": f"{width} {dtype}",
-        "examples_per_s": examples_per_s,
-        "gflops": one_step_flops / step_s / 1e9,
-        "matmul_gflops": baseline.flops / matmul_s / 1e9,
-        "matmul_n": baseline.n,
-        "ratio_matmul": (one_step_flops / step_s) / (baseline.flops / matmul_s),
-        "ratio_matmul_cpu": (one_step_flops / step_cpu_s) / (baseline.flops / matmul_cpu_s),
-        "ratio_original": examples_per_s / ORIGINAL_EXAMPLES_PER_S.get((width, dtype), float("nan")),
-        "torch_examples_per_s": None,
-        "ratio_torch": None,
-        "torch_cpu_s": None,
-        "step_s": step_s,
-        "step_cpu_s": step_cpu_s,
-        "compile_s": first - step_s,
-        "compilations": train_step.compilations,
-    }
+    def time(self) -> tuple[float, float]:
+        start, cpu_start = time.perf_counter(), time.process_time()
+        self.step.step()
+        return time.perf_counter() - start, time.process_time() - cpu_start
 
 
-def print_table(rows: list[dict], batch: int) -> None:
+def build_runners(width: int, dtype: str, args: argparse.Namespace) -> dict:
+    """The timed sides of one case: ours, the matmul and the PyTorch sides asked for, in timing order."""
+    ours = JaxTrainStep(width, dtype, args.batch)
+    runners = {"ours": ours}
+    runners["matmul"] = MatmulBaseline(args.batch * flops_per_example_step(ours.cfg), dtype)
+    if args.torch:
+        runners["torch"] = TimedStep(TorchTrainStep(width, dtype, args.batch, args.torch_threads))
+    if args.original_repo:
+        from original_trm import OriginalTrainStep
+
+        step = OriginalTrainStep(args.original_repo, width, dtype, args.batch, args.torch_threads)
+        runners["original"] = TimedStep(step)
+    return runners
+
+
+def measure(cases: list[tuple[int, str]], args: argparse.Namespace) -> list[dict]:
+    """Per case: {side: [(wall, cpu) median per round]} over --rounds rounds, and the compile figures."""
+    runners = {case: build_runners(*case, args) for case in cases}
+    samples = {case: {side: [] for side in sides} for case, sides in runners.items()}
+    for round_ in range(args.rounds):
+        for case, sides in runners.items():
+            for side, runner in sides.items():
+                runner.time()  # untimed: warm-up, and lets the previous side's worker threads settle
+                times = [runner.time() for _ in range(args.steps)]
+                samples[case][side].append(tuple(statistics.median(t) for t in zip(*times, strict=True)))
+            print(f"round {round_ + 1}, case {case}: {samples[case]}", flush=True)
+    rows = []
+    for (width, dtype), sides in samples.items():
+        ours = runners[(width, dtype)]["ours"]
+        step_flops = args.batch * flops_per_example_step(ours.cfg)
+        rows.append(
+            {
+                "case": f"{width} {dtype}",
+                "samples": sides,
+                "step_flops": step_flops,
+                "matmul": runners[(width, dtype)]["matmul"],
+                "compile_s": ours.first_s - statistics.median(w for w, _ in sides["ours"]),
+                "compilations": ours.train_step.compilations,
+            }
+        )
+    return rows
+
+
+def spread(values: list[float]) -> str:
+    """'median (min-max)' of per-round values; the median alone for one round."""
+    text = f"{statistics.median(values):.2f}"
+    return text if len(values) == 1 else f"{text} ({min(values):.2f}-{max(values):.2f})"
+
+
+def print_table(rows: list[dict], args: argparse.Namespace) -> None:
     print(
-        f"\nbatch {batch}, {jax.device_count()} CPU device(s), XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}, "
+        f"\nbatch {args.batch}, {jax.device_count()} CPU device(s), {args.rounds} round(s) of {args.steps} "
+        f"steps, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}, "
         f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r}"
     )
     header = (
-        f"{'case':<14} {'ex/s':>6} {'GFLOP/s':>7} {'matmul GFLOP/s (n)':>18} {'/matmul':>7} {'(cpu)':>6} "
-        f"{'/original':>9} {'torch ex/s (cpu s) ours/it':>26} {'step s':>6} {'cpu s':>6} {'compile s':>9} "
+        f"{'case':<14} {'ex/s':>6} {'GFLOP/s':>7} {'matmul GFLOP/s (n)':>18} {'/matmul':>16} {'(cpu)':>16} "
+        f"{'torch ex/s':>10} {'ours/torch':>16} {'orig ex/s':>9} {'ours/original':>16} {'compile s':>9} "
         f"{'compiles':>8}"
     )
     print(header)
     print("-" * len(header))
     for r in rows:
-        torch_text = "-"
-        if r["torch_examples_per_s"] is not None:
-            torch_text = f"{r['torch_examples_per_s']:.2f} ({r['torch_cpu_s']:.2f}) x{r['ratio_torch']:.2f}"
-        matmul = f"{r['matmul_gflops']:.0f} ({r['matmul_n']})"
+        sides, matmul = r["samples"], r["matmul"]
+        ours_wall = [w for w, _ in sides["ours"]]
+        ours_s = statistics.median(ours_wall)
+        vs_matmul = [
+            (r["step_flops"] / w) / (matmul.flops / m)
+            for w, (m, _) in zip(ours_wall, sides["matmul"], strict=True)
+        ]
+        vs_matmul_cpu = [
+            (r["step_flops"] / c) / (matmul.flops / m)
+            for (_, c), (_, m) in zip(sides["ours"], sides["matmul"], strict=True)
+        ]
+        matmul_s = statistics.median(m for m, _ in sides["matmul"])
+        texts = {}
+        for side in ("torch", "original"):
+            if side in sides:
+                wall = [w for w, _ in sides[side]]
+                texts[side] = (
+                    f"{args.batch / statistics.median(wall):.2f}",
+                    spread([w / o for w, o in zip(wall, ours_wall, strict=True)]),
+                )
+        torch_text, original_text = texts.get("torch", ("-", "-")), texts.get("original", ("-", "-"))
         print(
-            f"{r['case']:<14} {r['examples_per_s']:6.2f} {r['gflops']:7.1f} {matmul:>18} "
-            f"{r['ratio_matmul']:7.2f} {r['ratio_matmul_cpu']:6.2f} {r['ratio_original']:9.2f} {torch_text:>26} "
-            f"{r['step_s']:6.2f} {r['step_cpu_s']:6.2f} {r['compile_s']:9.1f} {r['compilations']:8d}"
+            f"{r['case']:<14} {args.batch / ours_s:6.2f} {r['step_flops'] / ours_s / 1e9:7.1f} "
+            f"{f'{matmul.flops / matmul_s / 1e9:.0f} ({matmul.n})':>18} {spread(vs_matmul):>16} "
+            f"{spread(vs_matmul_cpu):>16} {torch_text[0]:>10} {torch_text[1]:>16} {original_text[0]:>9} "
+            f"{original_text[1]:>16} {r['compile_s']:9.1f} {r['compilations']:8d}"
         )
     print(
-        "/matmul: achieved FLOP/s over the plain matmul's, from wall time and (cpu) from process CPU time;\n"
-        "/original: examples/s over the original PyTorch TRM's in spec performance.md (batch 16, 2 cores);\n"
-        "cpu s: process CPU seconds per step (both threads); torch: the --torch transcription, same run, and our\n"
-        "examples/s over its"
+        "median over rounds (range over rounds in brackets); /matmul: achieved FLOP/s over the plain\n"
+        "matmul's, from wall time and (cpu) from process CPU time; ours/torch, ours/original: our\n"
+        "examples/s over the PyTorch transcription's (--torch) and over the original's own code\n"
+        "(--original-repo),"
+        "each measured in this run"
     )
 
 
@@ -288,11 +358,19 @@ def main() -> None:
         help="hidden width and forward dtype per case (default: 512:float32 512:bfloat16 128:float32)",
     )
     parser.add_argument("--batch", type=int, default=16, help="rows per train step (default 16)")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per case after warm-up (default 5)")
+    parser.add_argument(
+        "--steps", type=int, default=5, help="timed steps per side, case and round (default 5)"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="repeats of the whole measurement (default 3)")
     parser.add_argument(
         "--torch",
         action="store_true",
         help="also time a PyTorch transcription of the step (pip install torch)",
+    )
+    parser.add_argument(
+        "--original-repo",
+        type=Path,
+        help="also time the original TRM's own step from this TinyRecursiveModels checkout (CPU, eager)",
     )
     parser.add_argument("--torch-threads", type=int, default=2, help="torch.set_num_threads (default 2)")
     parser.add_argument(
@@ -301,27 +379,14 @@ def main() -> None:
         help="run under the environment's allocator settings, not the workflow hosts' huge pages",
     )
     args = parser.parse_args()
+    if args.steps < 1 or args.rounds < 1:
+        parser.error("--steps and --rounds must be >= 1")
     tunables = os.environ.get("GLIBC_TUNABLES", "")
     if not args.default_malloc and with_tunable(tunables, *MALLOC_HUGE_PAGES) != tunables:
         # glibc reads its tunables only when a process starts.
         os.environ["GLIBC_TUNABLES"] = with_tunable(tunables, *MALLOC_HUGE_PAGES)
         os.execv(sys.executable, [sys.executable, *sys.argv])
-    rows = []
-    for width, dtype in args.cases:
-        rows.append(bench_case(width, dtype, args.batch, args.steps))
-        print(rows[-1], flush=True)
-    # PyTorch only after every JAX case: interleaved with its steps, ours ran at half speed (hidden 128: 21 against
-    # 45 examples/s alone), as PyTorch's OpenMP workers go on spinning on both cores after each of its steps.
-    if args.torch:
-        for row, (width, dtype) in zip(rows, args.cases, strict=True):
-            torch_step = TorchTrainStep(width, dtype, args.batch, args.torch_threads)
-            torch_step.step()  # warm-up
-            times = [torch_step.time() for _ in range(args.steps)]
-            wall, cpu = (statistics.median(t) for t in zip(*times, strict=True))
-            row.update(
-                torch_examples_per_s=args.batch / wall, torch_cpu_s=cpu, ratio_torch=wall / row["step_s"]
-            )
-    print_table(rows, args.batch)
+    print_table(measure(args.cases, args), args)
 
 
 if __name__ == "__main__":

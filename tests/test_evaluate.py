@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -113,6 +114,62 @@ def test_a_stopped_final_evaluation_continues_where_it_stopped(trained, tmp_path
     assert written["results"] == [trained_at_2[0], resumed[3], resumed[5]] and resumed[2] == trained_at_2[0]
 
 
+def _umask() -> int:
+    return int(
+        next(
+            line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("Umask:")
+        )[6:],
+        8,
+    )
+
+
+def test_a_failed_write_of_the_final_evaluation_loses_no_batch(trained, tmp_path, capsys, monkeypatch):
+    """`trm train` cannot write test_time.json: one line, exit 2, the run marked failed; the pass's batches are
+    saved, and the rerun evaluates none of them again and writes the figures of an unbroken pass."""
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    for name in ("_SUCCESS", "final.json", "test_time.json"):
+        (run / name).unlink()
+    # test_time.json is a link to a path below a regular file: its write fails (for root too), while the
+    # progress file beside it can be written. (A full disk fails the same way in trm.storage, with ENOSPC:
+    # tests/test_writing_files.py. A link to /dev/full cannot stand in for one: reading it never ends.)
+    (tmp_path / "notes").write_text("mine")
+    (run / "test_time.json").symlink_to(tmp_path / "notes" / "test_time.json")
+    evaluated = []
+    real_call = Evaluator.__call__
+    monkeypatch.setattr(Evaluator, "__call__", lambda *a: evaluated.append(1) or real_call(*a))
+    train = ["train", "--config", str(REPO / "config/base.yaml"), "--data", trained["staged"]]
+    train += ["--run-dir", str(run), "--cache-dir", str(trained["cache"]), "--test-time-steps", "3,5"]
+    train += [f"--set={k}={v}" for k, v in TINY.items()]
+
+    assert trm(train) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    expected = f"cannot write {run / 'test_time.json'}: {tmp_path / 'notes'} is a file, not a folder"
+    assert error.startswith(f"trm train: error: {expected}")
+    assert error.endswith("without evaluating again")
+    assert json.loads((run / "status.json").read_text())["state"] == "failed"
+    assert len(evaluated) == 2  # 12 test puzzles in batches of 8
+    assert json.loads((run / "test_time.progress.json").read_text())["tally"]["batches"] == 2
+    assert (tmp_path / "notes").read_text() == "mine"
+
+    (run / "test_time.json").unlink()  # the way is clear again
+    evaluated.clear()
+    assert trm(train) == 0
+    assert "test-time evaluation continues after batch 2" in capsys.readouterr().err
+    assert evaluated == []  # not one batch evaluated again
+    weights = load_weights(str(run))
+    unbroken = _evaluate(
+        weights, load_eval_split(str(trained["built"]), "test", str(trained["cache"])), (2, 3, 5), 8
+    )
+    assert json.loads((run / "test_time.json").read_text())["results"] == unbroken
+    assert json.loads((run / "final.json").read_text())["test"] == unbroken[0]
+    # Every file the run's writer wrote has the umask's permissions (0644 under the usual 022), not mkstemp's 0600.
+    written = ["config.json", "status.json", "metrics.jsonl", "test_time.json", "final.json", "_SUCCESS"]
+    assert {name: stat.S_IMODE(os.stat(run / name).st_mode) for name in written} == dict.fromkeys(
+        written, 0o666 & ~_umask()
+    )
+
+
 def _evaluate_cli(trained, out: Path, data: str, extra: list[str] = ()) -> dict:
     args = ["evaluate", "--checkpoint", str(trained["run"]), "--data", data, "--steps", "2,6"]
     assert (
@@ -177,6 +234,27 @@ def test_bad_input(trained, tmp_path, capsys):
     assert "nope: no such checkpoint" in err
     err = fails("--checkpoint", str(trained["run"]), "--data", str(trained["built"]), "--steps", "0,16")
     assert "--steps" in err
+
+    # --out cannot be written (a folder of its path is a file): one line, and the results on stdout.
+    (tmp_path / "notes").write_text("mine")
+    out = tmp_path / "notes" / "out.json"
+    args = [
+        "--checkpoint",
+        str(trained["run"]),
+        "--data",
+        str(trained["built"]),
+        "--steps",
+        "2",
+        "--out",
+        str(out),
+    ]
+    assert trm([*base, *args]) == 2
+    printed = capsys.readouterr()
+    assert (
+        f"trm evaluate: error: cannot write {tmp_path / 'notes' / 'out.csv'}" in printed.err.splitlines()[-1]
+    )
+    assert [r["steps"] for r in json.loads(printed.out)["results"]] == [2]
+    assert (tmp_path / "notes").read_text() == "mine"
 
     # Another vocabulary: the dataset's metadata disagrees with the checkpoint's embedding table.
     other = tmp_path / "other"

@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "trm"
 # The packages in pipeline order: each may import itself, the foundation and the packages before it.
 ORDER = ["config", "data", "model", "run", "train", "launch", "study", "analysis"]
-FOUNDATION = {"errors", "storage", "gcs", "checkout"}  # modules of trm/ itself, importable from anywhere
+FOUNDATION = {"errors", "storage", "gcs", "checkout", "platform"}  # modules of trm/ itself, importable from anywhere
 MAX_LINES = 400  # a module a researcher reads in one sitting
 
 

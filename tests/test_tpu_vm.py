@@ -22,6 +22,7 @@ from test_trainer import TINY, _easy_csv, _sets
 
 from trm import storage
 from trm.cli import main as trm_main
+from trm.run.lease import Lease
 
 REPO = Path(__file__).resolve().parents[1]
 SLICE = "trm-test-a"
@@ -130,10 +131,11 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def test_stock_image_slice_preempted_is_recreated_and_the_run_resumes_from_its_checkpoint(
-    cloud, tpu_bucket, data, tmp_path
+    cloud, tpu_bucket, data, tmp_path, capsys
 ):
     """On fake hosts that look like the stock image (Python 3.10, no 3.11): the set-up makes each host's venv,
-    again on the recreated slice (fresh disks), and the trainers join through the explicit distributed start."""
+    again on the recreated slice (fresh disks), and the trainers join through the explicit distributed start.
+    The launcher keeps the run's lease across the slice's recreation; a second launcher of the run is refused."""
     run_dir = f"{tpu_bucket}/runs/preempted"
     log = tmp_path / "launcher.log"
     # 72 steps, checkpoints every 4: the preemption comes right after the first finalized checkpoint (step 4),
@@ -146,8 +148,21 @@ def test_stock_image_slice_preempted_is_recreated_and_the_run_resumes_from_its_c
         started = time.time()
         _wait(lambda: _checkpoints(run_dir), launcher, log, 180, "checkpoint")
         first_start = time.time() - started
+        lease = json.loads(storage.read_text(f"{run_dir}/lease.json"))
+        assert lease["pid"] == launcher.pid
+        # A second launcher of the run (here in this process: cheaper) is refused before it takes a slice.
+        second = _launch_command(
+            tpu_bucket, tmp_path / "second", run_dir, data, *longer, tpu=("--tpu-create",)
+        )
+        assert trm_main(second[3:]) == 2
+        assert f"process {launcher.pid} (job {lease['job']})" in capsys.readouterr().err
+        assert not (tmp_path / "second").exists()  # its slice pool's lock folder: never made
         subprocess.run(["gcloud", "fake-preempt", SLICE], check=True, timeout=30)
         preempted_at = time.time()
+        relaunched = lambda: json.loads(storage.read_text(f"{run_dir}/launch.json"))["attempt"] == 2  # noqa: E731
+        _wait(relaunched, launcher, log, 120, "relaunch")
+        # The launcher keeps its lease across the slice's recreation.
+        assert json.loads(storage.read_text(f"{run_dir}/lease.json"))["job"] == lease["job"]
         launcher.wait(timeout=240)
     finally:
         _stop(launcher)
@@ -157,6 +172,7 @@ def test_stock_image_slice_preempted_is_recreated_and_the_run_resumes_from_its_c
         f"first start to checkpoint {first_start:.1f} s, preemption to finish {time.time() - preempted_at:.1f} s"
     )
     assert storage.exists(f"{run_dir}/_SUCCESS")
+    assert not storage.exists(f"{run_dir}/lease.json")  # released at the end
     assert "slice trm-test-a is PREEMPTED" in output
     # The spot slice came back only by deleting and recreating its queued resource.
     verbs = [argv[3:5] for argv in gcloud_calls(cloud) if argv[2:3] == ["queued-resources"]]
@@ -205,6 +221,33 @@ def test_cancelled_job_stops_every_host_process_and_hostile_values_stay_quoted(
     for host in hosts.iterdir():
         assert (host / hostile).is_dir()
         assert not any(host.glob("PWNED*")) and not any(REPO.glob("PWNED*"))
+
+
+def test_a_launcher_whose_lease_is_taken_over_kills_its_trainers_and_writes_nothing_more(
+    cloud, tpu_bucket, data, tmp_path
+):
+    subprocess.run(["gcloud", "fake-create-node", SLICE], check=True, timeout=30)  # a slice of the pool
+    run_dir = f"{tpu_bucket}/runs/taken-over"
+    log = tmp_path / "launcher.log"
+    # The lease is renewed every 30 / 4 s; the trainers checkpoint far more often than their 30 s limit.
+    stale = ("--tpu-stale-after-seconds", "30")
+    launcher = _start(_launch_command(tpu_bucket, tmp_path, run_dir, data, tpu=stale), log)
+    try:
+        _wait(lambda: len(node_pids(SLICE)) >= 2, launcher, log, 120, "trainers on both hosts")
+        _wait(lambda: storage.exists(f"{run_dir}/status.json"), launcher, log, 120, "status.json")
+        launch_before = storage.read_text(f"{run_dir}/launch.json")
+        taker = Lease(run_dir, 1e-6, print)  # a launcher for which every lease is stale
+        taker.acquire()
+        launcher.wait(timeout=90)
+    finally:
+        _stop(launcher)
+    output = log.read_text()
+    assert launcher.returncode == 1, output[-4000:]
+    assert f"lost the lease of {run_dir}/lease.json: it is now held by" in output
+    assert f"(job {taker.holder.job})" in output and "stop trm train on every host" in output
+    assert node_pids(SLICE) == [], output[-4000:]
+    assert storage.read_text(f"{run_dir}/launch.json") == launch_before  # no marker after the loss
+    assert json.loads(storage.read_text(f"{run_dir}/lease.json"))["job"] == taker.holder.job
 
 
 def test_stock_image_failed_setup_fails_the_job_at_once_with_the_hosts_log_tail(

@@ -11,14 +11,24 @@ before gcsfs is first imported when using an emulator.
 Every URL is checked by `check_url`, which the workflow also runs on its settings at parse time. GCS requests
 have timeouts and a short, bounded retry (trm/gcs.py); GCS unreachable or refusing our credentials is a
 `StorageUnavailable` error: one line naming the URL and what to do, never a long retry or a traceback.
+
+Every file the project writes goes through `write_bytes`/`write_text` (or `local_writer`, to stream a large one;
+`write_errors` around a folder that is built, then renamed into place):
+atomic, with the umask's permissions, never replacing a device or a pipe, and a destination that cannot be
+written is one line naming it (rules in `local_writer`).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
-import tempfile
+import secrets
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import BinaryIO
 
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
@@ -134,29 +144,147 @@ def read_text(url: str) -> str:
 def write_bytes(url: str, data: bytes) -> None:
     """Write a whole file so that readers see either the old content or the new, never a partial file.
 
-    GCS objects are replaced atomically by a single upload. Locally we write a temporary file beside the
-    target and rename it over the target.
+    GCS objects are replaced atomically by a single upload; local paths as `local_writer` writes them. A local
+    destination that cannot be written (read-only, full, a folder) is a UserError naming it, and what was there
+    before is unchanged.
     """
+    _check_names_a_file(url)
     fs, path = filesystem(url)
     if not isinstance(fs, LocalFileSystem):
         fs.pipe_file(path, data)
         return
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with local_writer(path) as sink:
+        sink.write(data)
 
 
 def write_text(url: str, text: str) -> None:
     write_bytes(url, text.encode("utf-8"))
+
+
+class _Sink:
+    """The stream `local_writer` yields: `write(bytes)`, whose failure (a full disk) is a UserError naming the
+    destination, so a caller's own errors (a download's) stay apart from the write's."""
+
+    def __init__(self, stream: BinaryIO, shown: str, atomic: bool) -> None:
+        self._stream = stream
+        self._shown = shown
+        self._atomic = atomic
+
+    def write(self, data: bytes) -> int:
+        with write_errors(self._shown, self._atomic):
+            return self._stream.write(data)
+
+
+@contextmanager
+def local_writer(path: str | os.PathLike) -> Iterator[_Sink]:
+    """A stream whose bytes become the local file `path` when the block ends without an error; the one way this
+    project writes a local file (and `write_bytes` the one way to write a whole one).
+
+    - A new path or a regular file (a link is followed: the file it names) is replaced atomically: the bytes go
+      to a temporary file beside it, synced, then renamed over it. Missing folders are created. An error (ours
+      or the block's) removes the temporary file and leaves the old content.
+    - Anything else that exists and accepts writes (a terminal, a FIFO, /dev/null, /dev/stdout) and every path
+      under /dev or /proc is written in place, as the shell's `>` would: a rename would replace the device or
+      the pipe itself with a file. A folder or a block device is refused.
+    - Permissions: a new file gets 0666 less the umask (0644 under the usual 022), like any other tool's; a
+      replaced file keeps its own mode.
+    - A destination that cannot be written (read-only, full, a folder, under a file) is a UserError: one line
+      naming `path` and the reason.
+    """
+    shown = str(path)
+    _check_names_a_file(shown)
+    target = Path(os.path.abspath(os.path.expanduser(shown)))
+    real = Path(os.path.realpath(target))
+    with write_errors(shown, atomic=True):  # nothing was touched yet
+        status = os.stat(real) if real.exists() else None
+    if status is not None and stat.S_ISDIR(status.st_mode):
+        raise UserError(f"cannot write {shown}: it is a folder; give the path of a file in it")
+    if status is not None and stat.S_ISBLK(status.st_mode):
+        raise UserError(f"cannot write {shown}: it is a block device (a disk); refusing to write over it")
+    system = any(p.parts[1:2] in (("dev",), ("proc",)) for p in (target, real))
+    if system or (status is not None and not stat.S_ISREG(status.st_mode)):
+        yield from _write_in_place(target, shown)
+    else:
+        yield from _replace_atomically(real, status, shown)
+
+
+def _write_in_place(target: Path, shown: str) -> Iterator[_Sink]:
+    """Open the existing `target` for writing, never creating or renaming anything."""
+    with write_errors(shown, atomic=False):
+        stream = open(os.open(target, os.O_WRONLY | os.O_TRUNC), "wb")
+    try:
+        yield _Sink(stream, shown, atomic=False)
+        with write_errors(shown, atomic=False):
+            stream.close()
+    finally:
+        with suppress(OSError):  # a write already failed: that is the error to report
+            stream.close()
+
+
+def _replace_atomically(target: Path, status: os.stat_result | None, shown: str) -> Iterator[_Sink]:
+    """Write a temporary file beside `target` and rename it over `target` (see `local_writer`)."""
+    with write_errors(shown, atomic=True):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # os.open applies the umask to 0o666 (mkstemp would make the file 0600, unreadable to anyone else).
+        tmp = target.with_name(f".{target.name}.tmp-{secrets.token_hex(6)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    stream = open(fd, "wb")
+    try:
+        with write_errors(shown, atomic=True):
+            if status is not None:
+                os.fchmod(fd, stat.S_IMODE(status.st_mode))
+        yield _Sink(stream, shown, atomic=True)
+        with write_errors(shown, atomic=True):
+            stream.flush()
+            os.fsync(fd)
+            stream.close()
+            os.replace(tmp, target)
+    except BaseException:
+        with suppress(OSError):  # a write already failed: that is the error to report
+            stream.close()
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _check_names_a_file(url: str) -> None:
+    """A UserError for a destination ending in "/": it names a folder (the path would lose the slash and
+    become a file of that name)."""
+    if url.endswith("/"):
+        raise UserError(
+            f"cannot write {url}: it ends with '/', so it names a folder; give the path of a file"
+        )
+
+
+@contextmanager
+def write_errors(shown: str, atomic: bool = True) -> Iterator[None]:
+    """Turn the system's refusal to write (an OSError) inside into the one-line UserError naming `shown`. For
+    writers that build a whole folder and rename it into place (`trm build-dataset`); `atomic`: the old
+    content is still there after a failure."""
+    try:
+        yield
+    except OSError as err:
+        raise _cannot_write(shown, err, atomic) from None
+
+
+def _cannot_write(shown: str, err: OSError, atomic: bool) -> UserError:
+    """One line naming the destination, the system's reason and what to do (and, for an atomic write, that
+    the old content is still there)."""
+    reason = err.strerror or str(err)
+    if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        hint = "free some space (or choose another place) and run the command again"
+    elif err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        hint = "choose a writable place or make its folder writable"
+    elif err.errno in (errno.ENOTDIR, errno.EEXIST):
+        failed = Path(os.path.abspath(err.filename or shown))  # the folder that could not be made
+        blocker = next(
+            (p for p in [*reversed(failed.parents), failed] if p.exists() and not p.is_dir()), None
+        )
+        reason = f"{blocker} is a file, not a folder" if blocker else reason
+        hint = "choose another path"
+    else:
+        hint = "check the path"
+    kept = " (what was there is unchanged)" if atomic else ""
+    return UserError(f"cannot write {shown}: {reason}; {hint}{kept}")
 
 
 def relative_path(root: str, path: str) -> str:

@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trm import storage
 from trm.analysis.run_metrics import TEST_TIME_FIELDS
 from trm.config import config_value
 from trm.errors import UserError
@@ -186,11 +187,10 @@ def main(args: argparse.Namespace) -> int:
         args.test_puzzles,
     )
     output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    runs.to_csv(output.with_suffix(".csv"), index=False)
-    runs.to_parquet(output.with_suffix(".parquet"), index=False)
-    curves.to_csv(output.with_name(output.name + "-curves.csv"), index=False)
-    test_time.to_csv(output.with_name(output.name + "-test-time.csv"), index=False)
+    storage.write_text(str(output.with_suffix(".csv")), runs.to_csv(index=False))
+    storage.write_bytes(str(output.with_suffix(".parquet")), runs.to_parquet(index=False))
+    storage.write_text(str(output.with_name(output.name + "-curves.csv")), curves.to_csv(index=False))
+    storage.write_text(str(output.with_name(output.name + "-test-time.csv")), test_time.to_csv(index=False))
     print(
         f"wrote {output}.csv and .parquet ({len(runs)} runs), {output.name}-curves.csv and "
         f"{output.name}-test-time.csv"

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from trm import storage
@@ -49,12 +47,8 @@ def collect_run(run_dir: str, local_dir: str | Path, test_time_steps: tuple[int,
         )
     select_counts(json.loads(storage.read_text(evaluation)), test_time_steps, evaluation)
     local = Path(local_dir)
-    local.mkdir(parents=True, exist_ok=True)
     for name in layout.COLLECTED:
-        fd, tmp = tempfile.mkstemp(dir=local, prefix=f".{name}.")
-        with os.fdopen(fd, "wb") as stream:
-            stream.write(storage.read_bytes(layout.path(run_dir, name)))
-        os.replace(tmp, local / name)
+        storage.write_bytes(str(local / name), storage.read_bytes(layout.path(run_dir, name)))
 
 
 def main(args: argparse.Namespace) -> int:

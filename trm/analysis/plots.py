@@ -16,9 +16,11 @@ cell accuracy instead (the fraction of cells right) and its title says so: a fla
 from __future__ import annotations
 
 import argparse
+import io
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trm import storage
 from trm.analysis.aggregate import read_table
 from trm.errors import UserError
 from trm.study.groups import REFERENCE_GROUP, load_groups
@@ -246,9 +248,10 @@ def plot_group(
     _test_time_panel(axes[0][-1], group, pd.concat([test_time, ref_test_time]), refs)
     fig.suptitle(f"{group_id}: {group['title']}")
     fig.tight_layout()
-    output.parent.mkdir(parents=True, exist_ok=True)
     for suffix in (".png", ".svg"):
-        fig.savefig(output.with_suffix(suffix), dpi=120)
+        image = io.BytesIO()
+        fig.savefig(image, format=suffix[1:], dpi=120)
+        storage.write_bytes(str(output.with_suffix(suffix)), image.getvalue())
     plt.close(fig)
 
 

@@ -19,6 +19,7 @@ import json
 import statistics
 from pathlib import Path
 
+from trm import storage
 from trm.errors import UserError
 from trm.run import layout
 from trm.train.records import EVAL_STATS, best_evaluation
@@ -115,6 +116,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     summary = summarize_run(args.run_dir, args.test_time)
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    storage.write_text(args.output, json.dumps(summary, indent=2, sort_keys=True) + "\n")
     return 0

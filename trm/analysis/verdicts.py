@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trm import storage
 from trm.analysis.aggregate import read_table
 from trm.errors import UserError
 from trm.study.groups import format_number as _fmt
@@ -333,9 +334,8 @@ def main(args: argparse.Namespace) -> int:
         "verdicts.rst": summary_rst(result),
         **{f"{g['id']}.rst": group_rst(g, result) for g in result["groups"]},
     }
-    args.output.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
-        (args.output / name).write_text(text)
+        storage.write_text(str(args.output / name), text)
     counts = {
         v: sum(g["verdict"] == v for g in result["groups"]) for v in (SUPPORTED, NOT_SUPPORTED, NO_DATA)
     }

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trm import storage
 from trm.data import format as fmt
 from trm.data import sources
 from trm.data.augment import augment
@@ -157,12 +158,14 @@ def main(args: argparse.Namespace) -> int:
     }
 
     output = Path(args.output_dir)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
+    with storage.write_errors(str(output)):  # a read-only or full disk: one line, not a traceback
+        output.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
     try:
-        tmp.chmod(0o755)  # mkdtemp makes it private; the dataset is an ordinary folder
-        record = _write(tmp, splits, provenance)
-        _replace_dir(tmp, output)
+        with storage.write_errors(str(output)):
+            tmp.chmod(0o755)  # mkdtemp makes it private; the dataset is an ordinary folder
+            record = _write(tmp, splits, provenance)
+            _replace_dir(tmp, output)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

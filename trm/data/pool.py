@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
-import tempfile
+import io
 from pathlib import Path
 
 import numpy as np
 
+from trm import storage
 from trm.data.generate import generate_puzzles
 from trm.data.sudoku import Puzzles
 from trm.errors import UserError
@@ -37,20 +37,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def write_csv(path: Path, puzzles: Puzzles) -> None:
     """Write puzzles in the Sudoku-Extreme CSV layout (source,question,answer,rating), atomically."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", newline="") as stream:
-        writer = csv.writer(stream)
-        writer.writerow(["source", "question", "answer", "rating"])
-        for question, answer, rating in zip(puzzles.questions, puzzles.answers, puzzles.ratings, strict=True):
-            writer.writerow(
-                [
-                    "generated",
-                    "".join("." if c == 0 else str(c) for c in question),
-                    "".join(map(str, answer)),
-                    int(rating),
-                ]
-            )
-    os.replace(tmp, path)
+    stream = io.StringIO(newline="")
+    writer = csv.writer(stream)
+    writer.writerow(["source", "question", "answer", "rating"])
+    for question, answer, rating in zip(puzzles.questions, puzzles.answers, puzzles.ratings, strict=True):
+        writer.writerow(
+            [
+                "generated",
+                "".join("." if c == 0 else str(c) for c in question),
+                "".join(map(str, answer)),
+                int(rating),
+            ]
+        )
+    storage.write_text(str(path), stream.getvalue())
 
 
 def main(args: argparse.Namespace) -> int:

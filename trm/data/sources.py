@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 
+from trm import storage
 from trm.data.generate import generate_puzzles
 from trm.data.sudoku import Puzzles, read_csv
 from trm.errors import UserError
@@ -62,21 +62,15 @@ def _find_csv(folder: Path, stem: str) -> Path:
 
 def download(url: str, target: Path, timeout: float = DOWNLOAD_TIMEOUT_S) -> None:
     """Download `url` to `target` through a temporary file, so an interrupted download leaves nothing behind."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.", delete=False) as tmp:
-        try:
-            with urllib.request.urlopen(url, timeout=timeout) as response:
-                shutil.copyfileobj(response, tmp, length=1 << 20)
-            tmp.close()
-            os.replace(tmp.name, target)
-        except (urllib.error.URLError, OSError) as err:
-            reason = getattr(err, "reason", err)
-            raise UserError(
-                f"cannot download {url}: {reason} (is the network available?). Without network access, "
-                f"download train.csv and test.csv by hand and pass their folder as --source"
-            ) from None
-        finally:
-            Path(tmp.name).unlink(missing_ok=True)
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response, storage.local_writer(target) as sink:
+            shutil.copyfileobj(response, sink, length=1 << 20)
+    except (urllib.error.URLError, OSError) as err:  # the download's; a failed write is already a UserError
+        reason = getattr(err, "reason", err)
+        raise UserError(
+            f"cannot download {url}: {reason} (is the network available?). Without network access, "
+            f"download train.csv and test.csv by hand and pass their folder as --source"
+        ) from None
 
 
 def _hf_files(repo: str, timeout: float) -> tuple[Path, Path]:

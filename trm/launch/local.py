@@ -92,17 +92,23 @@ def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode  # killed by signal N -> 128 + N, as shells do
 
 
-def run_hosts(hosts: int, devices_per_host: int, train_args: list[str]) -> int:
+def run_hosts(
+    hosts: int, devices_per_host: int, train_args: list[str], lease_lost: threading.Event | None = None
+) -> int:
     """Run `trm train train_args` on `hosts` local processes; 0 if all succeed, 42 if preempted, else a failure."""
     port = free_port()
     command = [sys.executable, "-m", "trm.cli", "train", *train_args]
     environ = dict(os.environ)
     envs = [host_environment(environ, hosts, devices_per_host, index, port) for index in range(hosts)]
-    return run_processes([command] * hosts, envs)
+    return run_processes([command] * hosts, envs, lease_lost)
 
 
-def run_processes(commands: list[list[str]], envs: list[dict[str, str]]) -> int:
+def run_processes(
+    commands: list[list[str]], envs: list[dict[str, str]], lease_lost: threading.Event | None = None
+) -> int:
     """Run one process per host, stream their output with a host prefix and supervise them (see module doc).
+    When `lease_lost` is set (another launcher took the run over) every host is killed at once, without a
+    checkpoint: the run's new launcher resumes it from the last one.
 
     Returns 0 if all succeed, 42 if they stopped on a preemption notice, else the first failing host's code.
     """
@@ -133,7 +139,7 @@ def run_processes(commands: list[list[str]], envs: list[dict[str, str]]) -> int:
             thread = threading.Thread(target=_stream, args=(index, proc, lock), daemon=True)
             thread.start()
             threads.append(thread)
-        codes, first_failure = _supervise(procs, lock)
+        codes, first_failure = _supervise(procs, lock, lease_lost)
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -152,7 +158,9 @@ def run_processes(commands: list[list[str]], envs: list[dict[str, str]]) -> int:
     return EXIT_PREEMPTED if EXIT_PREEMPTED in codes else 0
 
 
-def _supervise(procs: list[subprocess.Popen], lock: threading.Lock) -> tuple[list[int], int | None]:
+def _supervise(
+    procs: list[subprocess.Popen], lock: threading.Lock, lease_lost: threading.Event | None
+) -> tuple[list[int], int | None]:
     """Wait for every host; kill the others as soon as one fails, or when they linger after a preemption.
 
     Returns every host's exit code and the index of the first host that failed (None if none did).
@@ -174,7 +182,7 @@ def _supervise(procs: list[subprocess.Popen], lock: threading.Lock) -> tuple[lis
                         flush=True,
                     )
         lingering = preempted_at is not None and time.time() - preempted_at > PREEMPTED_GRACE_S
-        if first_failure is not None or lingering:
+        if first_failure is not None or lingering or (lease_lost is not None and lease_lost.is_set()):
             for proc in procs:
                 if proc.poll() is None:
                     proc.kill()
@@ -186,6 +194,6 @@ def check(args: argparse.Namespace, run: Run) -> None:
     """Nothing to check: any storage URL works for processes on this machine (registry of trm/launch/cli.py)."""
 
 
-def launch(args: argparse.Namespace, run: Run, train_args: list[str]) -> int:
+def launch(args: argparse.Namespace, run: Run, train_args: list[str], lease_lost: threading.Event) -> int:
     """Entry point of the registry in trm/launch/cli.py."""
-    return run_hosts(args.hosts, args.devices_per_host, train_args)
+    return run_hosts(args.hosts, args.devices_per_host, train_args, lease_lost)

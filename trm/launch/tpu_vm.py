@@ -19,6 +19,9 @@ the run's resolved config to RUN_DIR/config.json (every host trains that file, r
     twice in a row on a slice that stays READY fails the job instead.
  5. SIGTERM or SIGINT (Snakemake cancelling the job) stops the trainer on every host (it checkpoints first),
     marks the run cancelled and exits 128 + signal.
+ 6. The run's lease (trm/run/lease.py) is this launcher's for the whole job, across every relaunch and slice
+    recreation. Should another launcher take it over (this one silent longer than stale_after_seconds), the
+    trainers are killed at once, without a checkpoint or marker, and the job fails: the run is the other's.
 
 Exit codes: 0 the run finished (RUN_DIR/_SUCCESS), 1 it failed, 42 it was still preempted after the last
 relaunch (rerun to resume). Every step is logged with a timestamp on stdout (the Snakemake job log).
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import signal
 import subprocess
+import threading
 import time
 
 from trm import storage
@@ -75,7 +79,13 @@ class Babysitter:
     """One job on one slice: start it, watch it, relaunch it after preemptions (see the module docstring)."""
 
     def __init__(
-        self, options: TpuOptions, run: Run, host_args: list[str], slice_name: str, hosts: int
+        self,
+        options: TpuOptions,
+        run: Run,
+        host_args: list[str],
+        slice_name: str,
+        hosts: int,
+        lease_lost: threading.Event,
     ) -> None:
         self.options = options
         self.run_dir = run.run_dir
@@ -88,6 +98,7 @@ class Babysitter:
         self.started = False  # trainers may be running on the hosts
         self.start_failures = 0  # in a row, on a slice that stayed READY
         self.setup_error = ""
+        self.lease_lost = lease_lost  # set when another launcher took the run over
 
     # ------------------------------------------------------------------------------------------- gcloud
 
@@ -143,17 +154,21 @@ class Babysitter:
         )
         return "ok" if self._ssh(script, "start trm train on every host").returncode == 0 else "ssh"
 
-    def stop(self) -> None:
-        """Stop the trainers on every host (they checkpoint on SIGTERM); tolerates a vanished slice."""
+    def stop(self, grace_s: int | None = None) -> None:
+        """Stop the trainers on every host (they checkpoint on SIGTERM, killed after `grace_s`, by default
+        stop_grace_seconds); tolerates a vanished slice."""
         if self.started:
-            self._ssh(tpu_host.stop_script(self.options.stop_grace_seconds), "stop trm train on every host")
+            grace_s = self.options.stop_grace_seconds if grace_s is None else grace_s
+            self._ssh(tpu_host.stop_script(grace_s), "stop trm train on every host")
             self.started = False
 
     def watch(self, since: float) -> tuple[str, str]:
-        """Poll until the run ends or the job must be relaunched: ("finished"|"failed"|"relaunch", why)."""
+        """Poll until the run ends, the job must be relaunched or the lease is lost:
+        ("finished"|"failed"|"relaunch"|"lost", why)."""
         options = self.options
         while True:
-            time.sleep(options.poll_seconds)
+            if self.lease_lost.wait(options.poll_seconds):
+                return "lost", "another launcher took the run over"
             run = runstate.read_run(self.run_dir, stale_after_s=options.stale_after_seconds)
             if run.state == "finished":
                 return "finished", ""
@@ -183,6 +198,9 @@ class Babysitter:
         code = wheel.ensure_uploaded(options.code_url)
         log(f"code {code[0]} at {code[1]}")
         while True:
+            if self.lease_lost.is_set():  # the run is another launcher's: kill ours, write nothing more
+                self.stop(grace_s=0)
+                return EXIT_FAILED
             self.attempt += 1
             if runstate.read_run(self.run_dir).state == "finished":
                 log(f"{self.run_dir} already finished")
@@ -220,6 +238,8 @@ class Babysitter:
             if outcome == "finished":
                 self.mark("finished")
                 return 0
+            if outcome == "lost":
+                continue  # stopped at the top of the loop
             self.stop()
             if outcome == "failed":
                 self.mark("failed", why)
@@ -252,7 +272,7 @@ def check(args: argparse.Namespace, run: Run) -> None:
             raise UserError(f"{flag} {url}: the tpu-vm backend needs a gs:// URL (TPU hosts share no files)")
 
 
-def launch(args: argparse.Namespace, run: Run, host_args: list[str]) -> int:
+def launch(args: argparse.Namespace, run: Run, host_args: list[str], lease_lost: threading.Event) -> int:
     """Entry point of the registry in trm/launch/cli.py."""
     options = tpu_options.from_arguments(args)
     log(f"run {run.run_dir} (config {run.config_hash}), slices {list(options.slices)} in {options.zone}")
@@ -263,7 +283,7 @@ def launch(args: argparse.Namespace, run: Run, host_args: list[str]) -> int:
         )
         with pool as name:
             log(f"slice {name} is ours for this job")
-            sitter = Babysitter(options, run, host_args, name, args.hosts)
+            sitter = Babysitter(options, run, host_args, name, args.hosts, lease_lost)
             try:
                 return sitter.run()
             except Cancelled as cancelled:

@@ -8,8 +8,9 @@ A run dir is a local path, file:// or gs:// URL; the study names it by its confi
   logs/host-I.log   the output of host I
   status.json       the trainer's state, progress and heartbeat (trm/run/state.py)
   launch.json       the launcher's state (trm/run/state.py)
+  lease.json        which launcher trains the run now (trm/run/lease.py); lease.lock beside it on local paths
   test_time.json    the final evaluation at every test-time step count (`trm evaluate --out`'s JSON)
-  test_time.progress.json   an unfinished one's sums so far, to continue it (trm/train/test_time.py)
+  test_time.progress.json   its sums so far, also saved at its end: to continue it (trm/train/test_time.py)
   final.json        the final evaluation and the run's summary
   provenance.json   where imported weights came from (`trm import-torch`)
   _SUCCESS          written last: the run finished
@@ -31,6 +32,8 @@ METRICS = "metrics.jsonl"
 LOGS = "logs"
 STATUS = "status.json"
 LAUNCH = "launch.json"
+LEASE = "lease.json"
+LEASE_LOCK = "lease.lock"
 TEST_TIME = "test_time.json"
 TEST_TIME_PROGRESS = "test_time.progress.json"
 FINAL = "final.json"

@@ -37,9 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(STORAGE/<scale>/runs/<hash>); default: as written, which is the paper scale",
     )
     parser.add_argument("--hash", action="store_true", help="print only the config hash")
-    parser.add_argument(
-        "--output", type=Path, help="write the resolved config to this file instead of stdout"
-    )
+    parser.add_argument("--output", help="write the resolved config to this file instead of stdout")
     parser.add_argument("--list", action="store_true", help="list the experiment ids and exit")
 
 
@@ -58,7 +56,7 @@ def main(args: argparse.Namespace) -> int:
         config = config_at_scale(config, args.scale, str(path or load.BASE_CONFIG))
     text = load.config_hash(config) + "\n" if args.hash else load.dump_config(config)
     if args.output:
-        storage.write_text(str(args.output), text)
+        storage.write_text(args.output, text)
     else:
         sys.stdout.write(text)
     return 0

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from trm import storage
 from trm.config import evaluation_batch
 
 
@@ -107,11 +106,7 @@ class CostCache:
         """Write the file if anything was added (atomically: a concurrent reader sees the old or new file)."""
         if not self.changed:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
-        with os.fdopen(fd, "w") as stream:
-            json.dump(self.entries, stream, indent=1, sort_keys=True)
-        os.replace(tmp, self.path)
+        storage.write_text(str(self.path), json.dumps(self.entries, indent=1, sort_keys=True))
         self.changed = False
 
 

@@ -15,6 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from trm import storage
 from trm.config import CONFIG_DIR, EXPERIMENTS_DIR, config_value, load_config
 from trm.study.groups import GROUPS_PATH, METRICS, describe, load_groups
 
@@ -223,8 +224,7 @@ def main(args: argparse.Namespace) -> int:
             return 1
         print(f"{args.output}: {len(expected)} guides up to date")
         return 0
-    args.output.mkdir(parents=True, exist_ok=True)
     for name, text in expected.items():
-        (args.output / name).write_text(text)
+        storage.write_text(str(args.output / name), text)
     print(f"wrote {len(expected)} guides to {args.output}")
     return 0

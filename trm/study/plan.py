@@ -12,9 +12,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -207,9 +205,6 @@ def plan_study_cached(
     records = [
         {"id": e.id, "group": e.group, "path": str(e.path), "config": e.config, "hash": e.hash} for e in plan
     ]
-    cache_file.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=cache_file.parent, prefix=f".{cache_file.name}.")
-    with os.fdopen(fd, "w") as stream:
-        json.dump({"key": key, "plan": records}, stream)
-    os.replace(tmp, cache_file)  # atomic: two concurrent dry runs never read half a file
+    # Atomic: two concurrent dry runs never read half a file.
+    storage.write_text(str(cache_file), json.dumps({"key": key, "plan": records}))
     return plan

@@ -9,6 +9,7 @@ import json
 
 import yaml
 
+from trm import storage
 from trm.config import CONFIG_DIR, EXPERIMENT_ID, load_config, schema
 from trm.config.schema import expected_values
 from trm.study.groups import GROUPS_PATH, load_groups
@@ -134,5 +135,5 @@ def reference_markdown() -> str:
 
 
 if __name__ == "__main__":
-    REFERENCE_PATH.write_text(reference_markdown())
+    storage.write_text(str(REFERENCE_PATH), reference_markdown())
     print(f"wrote {REFERENCE_PATH}")

@@ -147,8 +147,12 @@ def main(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         return 0
     csv_url = args.out.removesuffix(".json") + ".csv"
-    storage.write_text(csv_url, results_csv(results))
-    storage.write_text(args.out, text)  # last: its presence means both files are complete
+    try:
+        storage.write_text(csv_url, results_csv(results))
+        storage.write_text(args.out, text)  # last: its presence means both files are complete
+    except UserError:
+        sys.stdout.write(text)  # the evaluation is not lost: its JSON goes to stdout, the error to stderr
+        raise
     print(f"wrote {args.out} and {csv_url}", file=sys.stderr)
     print(json.dumps({"timings": timings.record()}), file=sys.stderr)
     return 0

@@ -10,7 +10,8 @@ In the run dir (names in trm/run/layout.py):
   test_time.json           the finished evaluation, the JSON `trm evaluate --out` writes (checkpoint step,
                            weights, batch, one result per count); what the workflow collects
   test_time.progress.json  an unfinished pass: its float64 sums after its first N batches, written by process 0
-                           every PROGRESS_EVERY_S and when the job is stopped (a preemption)
+                           every PROGRESS_EVERY_S, when the job is stopped (a preemption) and at the end of the
+                           pass, before test_time.json (so a failed write of that, a full disk, loses nothing)
 
 A relaunched job continues: counts already in test_time.json are not evaluated again, and a pass with the same
 counts, batch and devices continues after the batches its progress file holds, ending with exactly the figures
@@ -28,6 +29,7 @@ import jax
 
 from trm import storage
 from trm.data.format import SplitData
+from trm.errors import UserError
 from trm.run import distributed, layout
 from trm.train.evaluator import Evaluator, Tally, evaluate
 
@@ -89,15 +91,19 @@ def run_test_time_evaluation(
     if missing:
         key = _progress_key(missing, checkpoint_step, batch_size, jax.device_count())
         tally = _saved_tally(run_dir, key)
+        saved_batches = tally.batches
         progress_url = layout.path(run_dir, layout.TEST_TIME_PROGRESS)
         last_write = time.time()
+
+        def save_progress() -> None:
+            storage.write_text(progress_url, json.dumps({"key": key, "tally": tally.to_record()}))
 
         def after_batch(tally: Tally) -> bool:
             nonlocal last_write
             stopping = stop(tally.batches)  # a collective on several hosts: every process calls it
             heartbeat()
             if writer and (stopping or time.time() - last_write >= PROGRESS_EVERY_S):
-                storage.write_text(progress_url, json.dumps({"key": key, "tally": tally.to_record()}))
+                save_progress()
                 last_write = time.time()
             return stopping
 
@@ -115,9 +121,17 @@ def run_test_time_evaluation(
         )
         if results is None:
             return None
+        if writer and tally.batches > saved_batches:
+            save_progress()  # first: a failed write of the results below then costs no evaluation again
         done.update({result["steps"]: result for result in results})
     evaluation = {**summary, "devices": jax.device_count(), "batch_size": batch_size}
     evaluation["results"] = [done[count] for count in sorted(done)]
     if writer:
-        storage.write_text(layout.path(run_dir, layout.TEST_TIME), json.dumps(evaluation, indent=2) + "\n")
+        url = layout.path(run_dir, layout.TEST_TIME)
+        try:
+            storage.write_text(url, json.dumps(evaluation, indent=2) + "\n")
+        except UserError as err:
+            raise UserError(
+                f"{err}; the evaluation is saved: a rerun writes {url} without evaluating again"
+            ) from None
     return done
