@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,8 @@ from trm.config import (
     validate_config,
 )
 from trm.errors import UserError
-from trm.study.groups import config_keys, load_groups, load_references
+from trm.study.groups import GROUPS_PATH, config_keys, load_groups, load_references, varies_errors
+from trm.study.plan import plan_study
 from trm.study.reference import REFERENCE_PATH, reference_markdown
 
 # The ten (train_puzzles, num_aug) datasets of the study.
@@ -52,10 +54,6 @@ def get(config: dict, dotted: str):
     for key in dotted.split("."):
         config = config[key]
     return config
-
-
-def differing_keys(a: dict, b: dict) -> set[str]:
-    return {key for key in config_keys() if get(a, key) != get(b, key)}
 
 
 def deep_merge(base: dict, over: dict) -> dict:
@@ -168,8 +166,9 @@ def test_members_differ_from_their_baseline_only_in_the_varied_keys(resolved, ba
         assert config_hash(baseline) == config_hash(base), group["id"]
         hashes = {config_hash(resolved[m]) for m in group["members"]}
         assert len(hashes) == len(group["members"]), f"{group['id']}: two members resolve to the same config"
-        for member in group["members"]:
-            assert differing_keys(resolved[member], baseline) <= set(group["varies"]), member
+    # The plan's check (trm.study.groups.varies_errors) holds for the 67 experiments, with no exception declared.
+    assert varies_errors(load_groups(), resolved, base, GROUPS_PATH, CONFIG_DIR / "experiments") == []
+    assert not any("exceptions" in group for group in load_groups())
 
 
 def test_load_groups_rejects_a_member_in_two_groups(tmp_path):
@@ -184,6 +183,57 @@ def test_load_groups_rejects_a_member_in_two_groups(tmp_path):
     assert "'exp07a' already belongs to group 'exp07'" in message
     assert "'exp07d' has no file exp07d.yaml" in message
     assert "does not start with the group id" in message
+
+
+def test_the_plan_refuses_a_member_changing_a_key_its_group_does_not_vary(tmp_path):
+    """An exp01 member that also changes the batch size would put two differences on one plot axis: the plan
+    names the file, the key and the fix; a declared exception (with its reason) lets it through."""
+    config_dir = Path(shutil.copytree(CONFIG_DIR, tmp_path / "config"))
+    member = config_dir / "experiments" / "exp01b.yaml"
+    member.write_text(member.read_text() + "train:\n  global_batch_size: 3072\n")
+    where = {"experiments_dir": config_dir / "experiments", "groups_path": config_dir / "groups.yaml"}
+    with pytest.raises(UserError) as err:
+        plan_study("smoke", ["exp01a"], **where)
+    assert str(err.value) == (
+        f"{member}: train.global_batch_size = 3072 (baseline exp01c: 6144), but group 'exp01' varies only "
+        f"arch.hidden_size, arch.num_heads ({where['groups_path']}): change only those, or declare the key under "
+        "the group's exceptions with a reason"
+    )
+    groups = where["groups_path"]
+    exception = (
+        "    exceptions:\n      - member: exp01b\n        keys: [train.global_batch_size]\n"
+        "        reason: half the batch fits the wider model's memory\n"
+    )
+    text = groups.read_text()
+    groups.write_text(text.replace("    baseline: exp01c\n", "    baseline: exp01c\n" + exception, 1))
+    assert [e.id for e in plan_study("smoke", ["exp01b"], **where)] == ["exp01b"]
+    # An exception must say why, and name a member and known keys.
+    groups.write_text(
+        text.replace(
+            "    baseline: exp01c\n",
+            "    baseline: exp01c\n"
+            + exception.replace("half the batch fits the wider model's memory", "''").replace(
+                "exp01b", "exp02a_01"
+            ),
+            1,
+        )
+    )
+    with pytest.raises(UserError) as err:
+        load_groups(groups, where["experiments_dir"])
+    assert "group 'exp01': exceptions[0]: 'exp02a_01' is not a member of the group" in str(err.value)
+    assert "group 'exp01': exceptions[0]: reason must say, in text, why" in str(err.value)
+
+
+def test_a_baseline_is_the_base_config_as_it_is(tmp_path):
+    config_dir = Path(shutil.copytree(CONFIG_DIR, tmp_path / "config"))
+    baseline = config_dir / "experiments" / "exp07b.yaml"
+    baseline.write_text("optim:\n  weight_decay: 0.5\n")
+    with pytest.raises(
+        UserError, match=r"exp07b.yaml: the baseline of group 'exp07' changes optim.weight_decay;"
+    ):
+        plan_study(
+            "paper", "all", experiments_dir=config_dir / "experiments", groups_path=config_dir / "groups.yaml"
+        )
 
 
 # ----------------------------------------------------------------------------------------------- bad input
@@ -399,8 +449,9 @@ def test_incomplete_resolved_config_is_rejected(tmp_path, base):
     path = write(tmp_path, json.dumps(config), "config.json")
     with pytest.raises(UserError) as err:
         load_config(path, base=None)
-    assert f"{path}: missing key 'arch.loss'" in str(err.value)
-    assert f"{path}: missing key 'schedules.halt_exploration'" in str(err.value)
+    assert str(err.value).startswith(
+        f"{path}: not a resolved config (missing 'arch.loss', 'schedules.halt_exploration'); "
+    )
     with pytest.raises(UserError, match="no config given"):
         load_config(base=None)
 

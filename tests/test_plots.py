@@ -62,3 +62,66 @@ def test_a_group_never_exactly_right_is_plotted_in_cell_accuracy_and_says_so(tmp
         svg = output.with_suffix(".svg").read_text()
         assert (FALLBACK_TITLE in svg) == fallback
         assert ("test cell accuracy" in svg) == fallback and ("test exact accuracy" in svg) != fallback
+
+
+def test_axes_stay_legible_log_ticks_apart_and_a_small_accuracy_change_flat():
+    """exp01's parameter axis spans about a decade and a half: matplotlib's own minor-tick labels ('3x10^6',
+    '4x10^6') overlapped there. A test-time panel whose values span 0.7384-0.7392 spans at least
+    MIN_ACCURACY_SPAN, so the 0.1-point change does not fill the panel."""
+    import itertools
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from trm.analysis.plots import MIN_ACCURACY_SPAN, _panel, _test_time_panel
+
+    group = next(g for g in load_groups() if g["id"] == "exp01")
+    members = group["members"]
+    runs = pd.DataFrame(
+        {
+            "id": members,
+            "group": "exp01",
+            "varied": members,
+            "baseline": [m == group["baseline"] for m in members],
+            "parameter_count": [1.48e6, 2.97e6, 5.03e6, 9.75e6, 21.6e6, 38.1e6],  # the paper-scale widths'
+            "test_exact_accuracy": [0.70, 0.80, 0.87, 0.86, 0.85, 0.84],
+        }
+    )
+    test_time = pd.DataFrame(
+        [
+            {
+                "id": m,
+                "group": "exp01",
+                "baseline": False,
+                "steps": k,
+                "exact_accuracy": accuracy,
+                "accuracy": 0.9,
+            }
+            for m in members
+            for k, accuracy in ((16, 0.7384), (32, 0.7392))
+        ]
+    )
+    fig, (ax, ax_test_time) = plt.subplots(1, 2, figsize=(12, 4.5))
+    _panel(ax, group["plots"][0], group, runs, runs.iloc[:0], runs.iloc[:0])
+    _test_time_panel(ax_test_time, group, test_time, runs.iloc[:0])
+    fig.tight_layout()
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    low, high = ax.get_xlim()
+    labels = [
+        t
+        for t in ax.get_xticklabels(which="both")
+        if t.get_visible() and t.get_text() and low <= t.get_position()[0] <= high
+    ]
+    assert [t.get_text() for t in labels] == ["1.48M", "2.97M", "5.03M", "9.75M", "21.6M", "38.1M"]
+    boxes = [t.get_window_extent(renderer) for t in labels]
+    assert not [
+        (labels[i].get_text(), labels[j].get_text())
+        for i, j in itertools.combinations(range(len(boxes)), 2)
+        if boxes[i].overlaps(boxes[j])
+    ]
+    low, high = ax_test_time.get_ylim()
+    assert high - low >= MIN_ACCURACY_SPAN - 1e-12 and low <= 0.7384 and high >= 0.7392
+    plt.close(fig)

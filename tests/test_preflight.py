@@ -116,6 +116,10 @@ def test_each_cloud_problem_names_its_fix(gcs_bucket, tmp_path):
     no_project = _preflight(args, _cloud_environment(state, FAKE_GCLOUD_PROJECT=""))
     assert no_project.returncode == 1
     assert "FAIL  project" in no_project.stdout and "gcloud config set project PROJECT" in no_project.stdout
+    # The TPU calls would fail too, for want of a project: not blamed on the API.
+    api_skipped = next(line for line in no_project.stdout.splitlines() if "TPU API" in line)
+    assert api_skipped.startswith("skip") and api_skipped.endswith("needs gcloud and a project")
+    assert "enable" not in no_project.stdout and "Traceback" not in no_project.stderr
     assert (
         "ok    project            my-project-1 (launch.tpu.project)"
         in _preflight([*args, "--tpu-project", "my-project-1"], _cloud_environment(state)).stdout

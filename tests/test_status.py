@@ -141,3 +141,54 @@ def test_a_half_written_marker_is_not_read_as_a_state(tmp_path):
     run.mkdir()
     (run / layout.STATUS).write_text('{"state": "runn')
     assert runstate.read_run(str(run)).state == "unknown"
+
+
+# ------------------------------------------------------------------------------ from an experiment id to its run
+
+
+def test_an_experiment_id_leads_to_its_run_dir_at_the_study_scale(tmp_path, capsys):
+    """`trm config --scale S --hash` prints the hash of the run dir the plan gives the experiment at S, and
+    `trm status --experiment` finds that run dir from the study settings (or a profile's)."""
+    smoke, paper = (plan_study(scale, ["exp01a"])[0] for scale in ("smoke", "paper"))
+    assert smoke.hash != paper.hash
+    for scale, exp in (("smoke", smoke), ("paper", paper)):
+        assert trm(["config", "exp01a", "--scale", scale, "--hash"]) == 0
+        assert capsys.readouterr().out == exp.hash + "\n"
+    assert trm(["config", "exp01a", "--hash"]) == 0
+    assert capsys.readouterr().out == paper.hash + "\n"  # as written: the paper scale
+
+    root = tmp_path / "storage"
+    run_dir = root / "smoke" / "runs" / smoke.hash
+    assert trm(["status", "--storage", str(root), "--experiment", "exp01a"]) == 0
+    assert capsys.readouterr().out == f"exp01a: not started (no run dir at {run_dir})\n"
+    runstate.write_status(str(run_dir), {"state": "running", **_progress(400, config_hash=smoke.hash)})
+    assert trm(["status", "--storage", str(root), "--experiment", "exp01a"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("exp01a"))
+    assert row.split()[1:3] == ["running", "400/1000"] and out.endswith(f"run dir: {run_dir}\n")
+
+    # A profile's study file gives storage and scale, as `snakemake --profile` reads them.
+    profile = tmp_path / "profile"
+    profile.mkdir()
+    (profile / "config.yaml").write_text("cores: 1\nconfigfile: study.yaml\n")
+    (profile / "study.yaml").write_text(f"scale: paper\nstorage: {root}\nlaunch:\n  hosts: 8\n")
+    assert trm(["status", "--profile", str(profile), "--experiment", "exp01a", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown == {
+        "experiment": "exp01a",
+        "run_dir": str(root / "paper" / "runs" / paper.hash),
+        "state": "not started",
+    }
+    assert trm(["status", "--profile", str(profile), "--experiment", "exp01a", "--scale", "smoke"]) == 0
+    assert f"run dir: {run_dir}" in capsys.readouterr().out
+
+
+def test_experiment_status_and_scale_refuse_bad_input(tmp_path, capsys):
+    assert trm(["status", "--storage", str(tmp_path), "--experiment", "exp01z"]) == 2
+    assert "unknown experiment 'exp01z'" in capsys.readouterr().err
+    assert trm(["status", "--storage", str(tmp_path), "--scale", "paper"]) == 2
+    assert "--scale paper: goes with --experiment" in capsys.readouterr().err
+    assert trm(["status", "--profile", str(tmp_path / "none"), "--experiment", "exp01a"]) == 2
+    assert "no profile folder with a config.yaml" in capsys.readouterr().err
+    assert trm(["config", "exp01a", "--resolved", "--scale", "smoke"]) == 2
+    assert "a resolved config is already at its scale" in capsys.readouterr().err

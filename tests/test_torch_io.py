@@ -245,7 +245,7 @@ def test_import_refusals_exit_2_and_write_nothing(tmp_path, capsys):
     assert "'inner.lm_head.weight' has shape [11, 48]" in fails(tmp_path / "wrong.pt")
     assert "no such checkpoint file" in fails(tmp_path / "missing.pt")
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
-    assert "not a readable PyTorch checkpoint" in fails(tmp_path / "junk.pt")
+    assert "junk.pt: not a PyTorch checkpoint (torch.save writes a zip archive" in fails(tmp_path / "junk.pt")
     assert not (tmp_path / "out").exists()
 
 

@@ -145,6 +145,8 @@ def test_dry_run_prints_estimated_training_and_evaluation_hours_per_job(workdir)
     }
     assert final_rows == {"exp06_a": "18", "exp06_f": "16"}
     assert "6 experiments in 1 groups and 1 reference" in output and "7 distinct runs" in output
+    # The assumed utilization is a guess (smoke runs took 1.5 to 8 times less): the line says so.
+    assert "estimated at an assumed 10% of peak (a rough bound, not a forecast):" in output
     assert "x 32 steps at the end" in output  # one pass to the largest test_time_steps count
     study = {line.split(":")[0].strip(): line for line in output.splitlines() if line.startswith("  ")}
     for part, per_job in (("training", training), ("evaluation", evaluation)):
@@ -382,14 +384,17 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     assert (workdir / f"results/storage/smoke/runs/{table.loc[0, 'config_hash']}/_SUCCESS").exists()
     assert run_config["arch"]["hidden_size"] == width
 
+    # The README's command as written, after a run of a selection: it reports the runs of the table.
     report = subprocess.run(
-        [SNAKEMAKE, *config, "--report", "report.html"],
+        [SNAKEMAKE, "--report", "report.html"],
         cwd=workdir,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert report.returncode == 0, report.stderr[-4000:]
+    assert "report: the runs of results/smoke/table.csv (exp01a, exp04a_100, ref_paper)" in report.stderr
+    assert "Missing metadata" not in report.stderr and "WARNING" not in report.stderr.upper(), report.stderr
     html = (workdir / "report.html").read_text()
     assert "exp01.png" in html and "table.csv" in html
     assert "Verdict at the smoke scale: not enough data." in html and "verdicts.md" in html

@@ -21,7 +21,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stage": ("trm.data.stage", "Copy a dataset to storage (gs:// or file://) with a checksum manifest."),
     "verify": ("trm.data.verify", "Check a staged dataset against its manifest."),
     "smoke-pool": ("trm.data.pool", "Write generated puzzles as train.csv/test.csv (smoke source)."),
-    "config": ("trm.config.show", "Resolve, validate and print a run config (base <- experiment <- --set)."),
+    "config": (
+        "trm.study.config_command",
+        "Resolve, validate and print a run config (base <- experiment <- --set).",
+    ),
     "model-info": ("trm.model.info", "Print the parameter count and FLOPs of a model configuration."),
     "train": ("trm.train.cli", "Train a TRM on a staged dataset, resuming from the latest checkpoint."),
     "evaluate": ("trm.train.evaluate", "Evaluate a checkpoint at several test-time step counts (JSON, CSV)."),

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from trm import storage
 from trm.analysis.run_metrics import TEST_TIME_FIELDS
+from trm.config import config_value
 from trm.errors import UserError
 from trm.run import layout
 from trm.study.estimate import accelerator_hours, evaluation_flops, model_costs, training_flops
@@ -47,12 +48,6 @@ METRIC_COLUMNS = (
     "epochs",
 )
 TEST_TIME_COLUMNS = ("id", "group", "baseline", *TEST_TIME_FIELDS)
-
-
-def _get(config: dict, dotted: str):
-    for key in dotted.split("."):
-        config = config[key]
-    return config
 
 
 def _read_json(path: Path) -> dict:
@@ -114,7 +109,7 @@ def aggregate(
                 "group": group["id"],
                 "baseline": is_baseline,
                 "varied": labels.get(exp_id)
-                or ", ".join(f"{k.split('.')[-1]}={_get(config, k)}" for k in group["varies"]),
+                or ", ".join(f"{k.split('.')[-1]}={config_value(config, k)}" for k in group["varies"]),
                 "config_hash": metrics["config_hash"],
                 "parameter_count": costs["parameter_count"],
                 "train_flops_per_example_step": costs["train_flops_per_example_step"],
@@ -124,7 +119,7 @@ def aggregate(
                 "wall_time_s": wall,
                 "accelerator_hours": wall * metrics["devices"] / 3600.0,
                 "estimated_accelerator_hours": accelerator_hours(flops, peak_flops, utilization),
-                **{key: _get(config, key) for key in plot_keys},
+                **{key: config_value(config, key) for key in plot_keys},
             }
         )
         curves += [{"id": exp_id, "group": group["id"], **point} for point in metrics["curve"]]

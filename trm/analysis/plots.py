@@ -58,6 +58,10 @@ def label(name: str) -> str:
     return LABELS.get(name, name)
 
 
+# Accuracies are fractions: an accuracy axis spans at least 5 points, so that a 0.1-point difference (0.7384 vs
+# 0.7392) is drawn as the near-flat line it is, not as a cliff filling the panel.
+MIN_ACCURACY_SPAN = 0.05
+
 # Exact accuracy -> the cell accuracy drawn instead when a group's exact accuracy is 0 throughout.
 CELL_FALLBACK = {"test_exact_accuracy": "test_cell_accuracy", "exact_accuracy": "accuracy"}
 FALLBACK_TITLE = "exact accuracy 0 for every run: cell accuracy shown"
@@ -72,6 +76,34 @@ def _metric(points: pd.DataFrame, y: str, ax) -> str:
     title = ax.get_title()
     ax.set_title(f"{title}\n{FALLBACK_TITLE}" if title else FALLBACK_TITLE, fontsize="medium")
     return fallback
+
+
+def _compact(value: float) -> str:
+    """1480000 -> '1.48M', 250 -> '250': a tick label that stays short."""
+    for factor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def _log_ticks(ax, values: pd.Series) -> None:
+    """A log x axis ticked at the measured values, labelled compactly: matplotlib labels the minor ticks of an
+    axis spanning a decade or two ('3x10^6', '4x10^6', ...), and those labels overlap."""
+    from matplotlib.ticker import NullLocator
+
+    ticks = sorted(set(values))
+    ax.set_xticks(ticks, [_compact(v) for v in ticks])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.tick_params(axis="x", labelrotation=30, labelsize="small")
+
+
+def _accuracy_span(ax) -> None:
+    """Widen a fraction's y range to MIN_ACCURACY_SPAN around its middle, inside [0, 1]."""
+    low, high = ax.get_ylim()
+    if high - low >= MIN_ACCURACY_SPAN:
+        return
+    low = min(max((low + high - MIN_ACCURACY_SPAN) / 2, 0.0), 1.0 - MIN_ACCURACY_SPAN)
+    ax.set_ylim(low, low + MIN_ACCURACY_SPAN)
 
 
 def _pareto_front(points: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
@@ -127,6 +159,7 @@ def _panel(ax, plot: dict, group: dict, runs: pd.DataFrame, curves: pd.DataFrame
         return
     if plot["log_x"]:
         ax.set_xscale("log")
+        _log_ticks(ax, measured[x])
     if plot["kind"] == "pareto":
         ax.scatter(measured[x], measured[y], color="tab:blue", zorder=2)
         front = _pareto_front(measured, x, y)
@@ -158,6 +191,7 @@ def _test_time_panel(ax, group: dict, test_time: pd.DataFrame, refs: pd.DataFram
     ax.minorticks_off()
     _references(ax, refs, y, test_time, "steps")
     _line_per_member(ax, group, test_time, "steps", y, star_baseline=True)
+    _accuracy_span(ax)
 
 
 def _line_per_member(ax, group: dict, points: pd.DataFrame, x: str, y: str, star_baseline: bool) -> None:

@@ -197,16 +197,30 @@ def evaluate_group(group: dict, table: pd.DataFrame) -> dict:
     }
 
 
-def evaluate(groups: list[dict], table: pd.DataFrame, scale: str) -> dict:
+def _check_numbers(table: pd.DataFrame, metrics: list[str], source: str) -> None:
+    """Every cell of the metric columns is a number or empty (not measured): name the first that is not."""
+    import pandas as pd
+
+    for metric in metrics:
+        cells = table[metric]
+        bad = cells.notna() & pd.to_numeric(cells, errors="coerce").isna()
+        if bad.any():
+            row = table[bad].iloc[0]
+            raise UserError(
+                f"{source}: column {metric}, row {row['id']}: {row[metric]!r} is not a number "
+                "(an empty cell means not measured; rewrite the table with `trm aggregate`)"
+            )
+
+
+def evaluate(groups: list[dict], table: pd.DataFrame, scale: str, source: str = "the results table") -> dict:
     """Every criterion of every given group judged on the table, with the scale and its caveat."""
     if scale not in SCALES:
         raise UserError(f"unknown scale {scale!r}: one of {', '.join(SCALES)}")
-    columns = {"id"} | {c["metric"] for g in groups for c in g["criteria"]}
-    absent = sorted(columns - set(table.columns))
+    metrics = sorted({c["metric"] for g in groups for c in g["criteria"]})
+    absent = sorted(({"id"} | set(metrics)) - set(table.columns))
     if absent:
-        raise UserError(
-            f"the results table has no column {', '.join(absent)} (is it `trm aggregate`'s table?)"
-        )
+        raise UserError(f"{source} has no column {', '.join(absent)} (is it `trm aggregate`'s table?)")
+    _check_numbers(table, metrics, source)
     return {
         "scale": scale,
         "note": SMOKE_NOTE if scale == "smoke" else "",
@@ -313,7 +327,7 @@ def main(args: argparse.Namespace) -> int:
     groups = _select(
         load_groups(args.groups, args.groups.parent / "experiments"), table, args.group, args.table
     )
-    result = evaluate(groups, table, args.scale)
+    result = evaluate(groups, table, args.scale, source=str(args.table))
     files = {
         "verdicts.json": json.dumps(result, indent=2) + "\n",
         "verdicts.md": to_markdown(result),

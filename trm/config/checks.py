@@ -12,7 +12,8 @@ from typing import Any
 from trm.config.schema import text
 
 
-def _get(config: dict, dotted: str) -> Any:
+def config_value(config: dict, dotted: str) -> Any:
+    """The value of a dotted key, e.g. config_value(config, "arch.hidden_size")."""
     for key in dotted.split("."):
         config = config[key]
     return config
@@ -45,10 +46,10 @@ def impossible_values(config: dict, origin: dict[str, str], base: str | None = N
     """
 
     def ref(key: str) -> str:
-        return f"{key} = {text(_get(config, key))} (from {origin.get(key, '?')})"
+        return f"{key} = {text(config_value(config, key))} (from {origin.get(key, '?')})"
 
     def value(key: str) -> Any:
-        return _get(config, key)
+        return config_value(config, key)
 
     errors = []
     if value("arch.hidden_size") % value("arch.num_heads"):

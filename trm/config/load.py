@@ -29,6 +29,7 @@ from trm.config.schema import (
     full_schema,
     got,
     leaves,
+    missing_keys,
     partial_schema,
     raise_if,
 )
@@ -161,6 +162,7 @@ def load_config(
             raise UserError("no config given: pass an experiment file, or a resolved config with base=None")
         foundation = str(path)
         config = read_mapping(foundation)
+        _check_complete(config, foundation)
         layers = []
     else:
         foundation = str(base)
@@ -180,6 +182,19 @@ def load_config(
         check_document(doc, source, partial)
         _merge(config, doc, source, origin)
     return validate_config(config, foundation, origin, base=None if base is None else foundation)
+
+
+def _check_complete(config: dict, source: str) -> None:
+    """A file read as a resolved config must hold every key: one line (the first few missing keys) for one that
+    does not, typically an experiment file, instead of one line per missing key."""
+    missing = missing_keys(config, full_schema())
+    if missing:
+        shown = ", ".join(f"'{key}'" for key in missing[:3])
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise UserError(
+            f"{source}: not a resolved config (missing {shown}{more}); an experiment file is resolved over "
+            "config/base.yaml: `trm config FILE` without --resolved, or --config FILE.yaml"
+        )
 
 
 def dump_config(config: dict) -> str:

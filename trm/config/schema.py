@@ -130,7 +130,22 @@ def _schema_errors(doc: dict, node: dict, source: str) -> list[str]:
         errors.append(
             f"{source}: {dotted or 'the config'}: expected {expected_values(err.schema)}, got {got(err.instance)}"
         )
-    return errors
+    # jsonschema reports one `required` error per missing key, each listing every missing key of its mapping.
+    return list(dict.fromkeys(errors))
+
+
+def missing_keys(doc: Any, node: dict, prefix: str = "") -> list[str]:
+    """Dotted keys that `node` requires and `doc` lacks (a missing mapping counts once, not per leaf)."""
+    if not isinstance(doc, dict) or "properties" not in node:
+        return []
+    missing = []
+    for key, child in node["properties"].items():
+        if key not in doc:
+            if key in node.get("required", ()):
+                missing.append(prefix + key)
+        else:
+            missing += missing_keys(doc[key], child, f"{prefix}{key}.")
+    return missing
 
 
 def raise_if(errors: list[str]) -> None:

@@ -198,8 +198,11 @@ def run_checks(args: argparse.Namespace, report: Callable[[Result], None]) -> li
 
     has_gcloud = add(check_gcloud()).ok
     add(check_account() if has_gcloud else Result("gcloud account", None, "needs gcloud"))
+    has_project = False
     if args.tpu_zone:
-        add(check_project(args.tpu_project) if has_gcloud else Result("project", None, "needs gcloud"))
+        has_project = add(
+            check_project(args.tpu_project) if has_gcloud else Result("project", None, "needs gcloud")
+        ).ok
     credentials = add(check_credentials()).ok
     if args.storage:
         if credentials:
@@ -209,10 +212,13 @@ def run_checks(args: argparse.Namespace, report: Callable[[Result], None]) -> li
     if not args.tpu_zone:
         return results
     where = gcloud.Location(args.tpu_zone, args.tpu_project or None)
-    api = add(check_tpu_api(where) if has_gcloud else Result("TPU API", None, "needs gcloud")).ok
+    # Without a project every TPU call fails too, and its error reads like a disabled API.
+    api = add(
+        check_tpu_api(where) if has_project else Result("TPU API", None, "needs gcloud and a project")
+    ).ok
     for name in args.tpu_slices:
         if not api:
-            add(Result(f"slice {name}", None, "needs gcloud and the TPU API"))
+            add(Result(f"slice {name}", None, "needs gcloud, a project and the TPU API"))
             continue
         if add(check_slice(name, where, args.tpu_create, args.tpu_accelerator_type)).detail == "READY":
             add(check_ssh(name, where))

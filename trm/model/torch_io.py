@@ -21,6 +21,7 @@ Import keeps the file's values (float32 holds bfloat16 exactly); export writes t
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -202,11 +203,21 @@ def read_torch_file(path: str | Path) -> dict[str, np.ndarray]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such checkpoint file")
+    with open(path, "rb") as stream:
+        first = stream.read(1)
+    # torch.save writes a zip archive; before PyTorch 1.6, a pickle (its first byte is the PROTO opcode).
+    if not zipfile.is_zipfile(path) and first != b"\x80":
+        raise UserError(
+            f"{path}: not a PyTorch checkpoint (torch.save writes a zip archive; this file is not one)"
+        )
     try:
         # weights_only: a state_dict holds only tensors, and this refuses to run pickled code.
         state_dict = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises many types for a corrupt or foreign file
-        raise UserError(f"{path}: not a readable PyTorch checkpoint: {err}") from None
+        raise UserError(
+            f"{path}: not a readable PyTorch checkpoint ({_load_failure(err)}); expected the original "
+            "trainer's torch.save'd state_dict"
+        ) from None
     if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
         raise UserError(f"{path}: expected a state_dict (a mapping of names to tensors)")
     arrays = {}
@@ -217,6 +228,16 @@ def read_torch_file(path: str | Path) -> dict[str, np.ndarray]:
         else:
             arrays[key] = tensor.numpy()
     return arrays
+
+
+def _load_failure(err: Exception) -> str:
+    """torch.load's reason in one line: the weights_only refusal is a page of advice around one line that says
+    what it met, and some errors are a bare number."""
+    text = str(err)
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:", 1)[1]
+    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
+    return f"{type(err).__name__}: {line}" if len(line) < 20 else line
 
 
 def write_torch_file(state_dict: dict[str, np.ndarray], path: str | Path) -> None:

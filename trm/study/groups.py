@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trm.config import CONFIG_DIR, EXPERIMENTS_DIR, experiment_ids, read_mapping, schema
+from trm.config import CONFIG_DIR, EXPERIMENTS_DIR, config_value, experiment_ids, read_mapping, schema
+from trm.config.schema import text
 from trm.errors import UserError
 
 GROUPS_PATH = CONFIG_DIR / "groups.yaml"
@@ -24,7 +25,9 @@ GROUP_FIELDS = (
     "how_to_read",
     "criteria",
 )
-OPTIONAL_GROUP_FIELDS = ("fixed",)
+OPTIONAL_GROUP_FIELDS = ("fixed", "exceptions")
+# A member that must also change a key its group does not vary declares it, with the reason (`exceptions`).
+EXCEPTION_FIELDS = ("member", "keys", "reason")
 GUIDE_FIELDS = ("hypothesis", "expected", "how_to_read", "fixed")  # free text of the study guide
 PLOT_FIELDS = ("x", "y", "log_x", "kind")
 PLOT_KINDS = ("line", "pareto", "curve")
@@ -177,6 +180,69 @@ def _guide_errors(group: dict, name: str) -> list[str]:
     return errors
 
 
+def _exception_errors(group: dict, name: str, keys: set[str]) -> list[str]:
+    exceptions = group.get("exceptions", [])
+    if not isinstance(exceptions, list):
+        return [
+            f"{name}: exceptions must be a list of mappings with the fields {', '.join(EXCEPTION_FIELDS)}"
+        ]
+    errors = []
+    for i, exception in enumerate(exceptions):
+        where = f"{name}: exceptions[{i}]"
+        if not isinstance(exception, dict) or sorted(exception) != sorted(EXCEPTION_FIELDS):
+            errors.append(f"{where}: expected exactly the fields {', '.join(EXCEPTION_FIELDS)}")
+            continue
+        if exception["member"] not in group["members"]:
+            errors.append(f"{where}: {exception['member']!r} is not a member of the group")
+        if not isinstance(exception["keys"], list) or not exception["keys"]:
+            errors.append(f"{where}: keys must be a non-empty list of config keys")
+        else:
+            errors += [f"{where}: unknown config key {k!r}" for k in exception["keys"] if k not in keys]
+        if not isinstance(exception["reason"], str) or not exception["reason"].strip():
+            errors.append(f"{where}: reason must say, in text, why the member also changes these keys")
+    return errors
+
+
+def varies_errors(
+    groups: list[dict], configs: dict[str, dict], base: dict, path: str | Path, experiments_dir: str | Path
+) -> list[str]:
+    """What `varies` promises, checked on the members' resolved configs (`configs`, by id): each baseline equals
+    config/base.yaml (`base`), and each member differs from its baseline only in the keys its group varies and
+    those of its declared exceptions, so that a plot's x axis is the only difference between its points."""
+    keys = config_keys()
+    errors = []
+    for group in groups:
+        baseline_id = group["baseline"]
+        baseline = configs[baseline_id]
+        changed = [k for k in keys if config_value(baseline, k) != config_value(base, k)]
+        if changed:
+            errors.append(
+                f"{Path(experiments_dir) / baseline_id}.yaml: the baseline of group {group['id']!r} changes "
+                f"{', '.join(changed)}; a baseline is config/base.yaml as it is (no overrides)"
+            )
+        for member in group["members"]:
+            allowed = set(group["varies"]) | {
+                k for e in group.get("exceptions", []) if e["member"] == member for k in e["keys"]
+            }
+            out = [
+                k
+                for k in keys
+                if k not in allowed and config_value(configs[member], k) != config_value(baseline, k)
+            ]
+            if out:
+                changes = ", ".join(
+                    f"{k} = {text(config_value(configs[member], k))} (baseline {baseline_id}: "
+                    f"{text(config_value(baseline, k))})"
+                    for k in out
+                )
+                errors.append(
+                    f"{Path(experiments_dir) / member}.yaml: {changes}, but group {group['id']!r} varies only "
+                    f"{', '.join(group['varies'])} ({path}): change only those, or declare the key under the "
+                    "group's exceptions with a reason"
+                )
+    return errors
+
+
 def load_groups(path: str | Path = GROUPS_PATH, experiments_dir: str | Path = EXPERIMENTS_DIR) -> list[dict]:
     """Read and check the group table: fields present, names known, every experiment in exactly one group,
     guides and success criteria well formed."""
@@ -202,6 +268,7 @@ def load_groups(path: str | Path = GROUPS_PATH, experiments_dir: str | Path = EX
             errors += missing + unknown
             continue
         errors += [f"{name}: unknown config key {k!r} in varies" for k in group["varies"] if k not in keys]
+        errors += _exception_errors(group, name, keys)
         if group["baseline"] not in group["members"]:
             errors.append(f"{name}: baseline {group['baseline']!r} is not a member")
         for member in group["members"]:

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from trm import storage
-from trm.config import CONFIG_DIR, EXPERIMENTS_DIR, load_config
+from trm.config import CONFIG_DIR, EXPERIMENTS_DIR, config_value, load_config
 from trm.study.groups import GROUPS_PATH, METRICS, describe, load_groups
 
 DOCS_DIR = CONFIG_DIR.parent / "docs" / "experiments"
@@ -41,12 +41,6 @@ HEADLINE_KEYS = (
     "train.global_batch_size",
     "train.epochs",
 )
-
-
-def _get(config: dict, dotted: str):
-    for key in dotted.split("."):
-        config = config[key]
-    return config
 
 
 def _value(value) -> str:
@@ -117,9 +111,9 @@ def group_guide(group: dict, experiments_dir: Path) -> str:
     ]
     for member, config in configs.items():
         name = f"**{member}** (baseline)" if member == group["baseline"] else member
-        values = " | ".join(_value(_get(config, k)) for k in varies)
+        values = " | ".join(_value(config_value(config, k)) for k in varies)
         lines.append(f"| {name} | {values} | {_note(experiments_dir / f'{member}.yaml', group['id'])} |")
-    fixed = ", ".join(f"`{k}` {_value(_get(baseline, k))}" for k in HEADLINE_KEYS if k not in varies)
+    fixed = ", ".join(f"`{k}` {_value(config_value(baseline, k))}" for k in HEADLINE_KEYS if k not in varies)
     lines += ["", "## Held fixed", ""]
     if "fixed" in group:
         lines += [group["fixed"], ""]

@@ -41,6 +41,9 @@ digits) names runs: the same resolved config always lands in the same place.
 
 From the shell: `trm config exp06_f --set train.epochs=25000` prints the resolved config, `--hash` its hash,
 `--output FILE` writes it, `--resolved` checks a resolved file, and `trm config --list` lists the experiment ids.
+As written, an experiment is at the paper scale; `--scale smoke` applies the smoke scale's rules as the study
+does, so `trm config exp06_f --scale smoke --hash` is the hash of its smoke run dir (`STORAGE/smoke/runs/<hash>`).
+`trm status --experiment exp06_f` goes from the id to that run dir and its state.
 """
 
 

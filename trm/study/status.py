@@ -3,6 +3,8 @@
     trm status                                  the workflow's storage (config/config.yaml `storage`)
     trm status --storage gs://BUCKET/trm        a bucket (the trainer and launcher write the markers there)
     trm status --watch                          refresh every 30 s until Ctrl-C
+    trm status --experiment exp01a              one experiment: its run dir at the study's scale, and its state
+    trm status --profile tpu-v4-64              storage and scale from a profile's study file (as snakemake)
 
 Run dirs are found below the storage root (ROOT/<scale>/runs/<hash>/, ROOT/runs/<hash>/ or ROOT itself). Each
 run's state comes from the markers its trainer and launcher write (trm/run/state.py), never from a guess:
@@ -14,6 +16,10 @@ run's state comes from the markers its trainer and launcher write (trm/run/state
 
 Under the table, when a run stopped early: where its hosts' logs are (every attempt in one file, the latest
 last).
+
+Defaults, as the workflow reads them: config/config.yaml, with `--profile`'s study file (its `configfile`, e.g.
+profiles/tpu-v4-64/study.yaml) over it; `--storage` and `--scale` win. `--experiment ID` resolves the experiment
+as the plan does (trm/study/plan.py) at that scale, so its run dir is STORAGE/<scale>/runs/<hash>.
 
 Experiments are named by matching each run's config hash with the study plan at the run's scale (experiments with
 equal configs share a run); other runs show their directory name. ETA = steps left / recent steps per second.
@@ -31,7 +37,7 @@ from pathlib import Path
 import yaml
 
 from trm import storage
-from trm.config import CONFIG_DIR
+from trm.config import CONFIG_DIR, experiment_path
 from trm.errors import UserError
 from trm.launch import tpu_options
 from trm.run import layout
@@ -47,6 +53,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--storage",
         help="storage root URL (gs://, file:// or a path); default: `storage` in config/config.yaml",
+    )
+    parser.add_argument(
+        "--profile",
+        help="a Snakemake profile (a folder, or a name under profiles/): its study file gives the default "
+        "storage and scale, as for `snakemake --profile`",
+    )
+    parser.add_argument(
+        "--experiment", metavar="ID", help="show one experiment of the study: its run dir and state"
+    )
+    parser.add_argument(
+        "--scale", choices=SCALES, help="the scale of --experiment; default: `scale` of the study settings"
     )
     parser.add_argument(
         "--watch",
@@ -193,33 +210,89 @@ def collect(root: str, stale_after_s: float) -> list[tuple[str, RunState]]:
     return sorted(runs, key=lambda item: item[0])
 
 
-def _default_storage() -> str:
-    path = Path("config/config.yaml")
-    if not path.exists():
-        path = CONFIG_DIR / "config.yaml"
+def _read_settings(path: Path) -> dict:
     try:
-        return str(yaml.safe_load(path.read_text())["storage"])
-    except (OSError, KeyError, TypeError, yaml.YAMLError) as err:
-        raise UserError(f"no --storage given and none readable from {path}: {err}") from None
+        settings = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise UserError(f"{path}: study settings not readable: {err}") from None
+    if not isinstance(settings, dict):
+        raise UserError(f"{path}: expected a mapping of study settings")
+    return settings
+
+
+def _merged(into: dict, over: dict) -> dict:
+    """`over` merged into a copy of `into`, mappings key by key (as Snakemake merges its config files)."""
+    merged = dict(into)
+    for key, value in over.items():
+        both = isinstance(value, dict) and isinstance(into.get(key), dict)
+        merged[key] = _merged(into[key], value) if both else value
+    return merged
+
+
+def study_settings(profile: str | None) -> dict:
+    """The workflow's settings: config/config.yaml, then the study file(s) of `profile` (its `configfile`)."""
+    path = Path("config/config.yaml")
+    settings = _read_settings(path if path.exists() else CONFIG_DIR / "config.yaml")
+    if profile is None:
+        return settings
+    folder = Path(profile)
+    if not folder.is_dir():
+        folder = CONFIG_DIR.parent / "profiles" / profile
+    if not (folder / "config.yaml").is_file():
+        raise UserError(
+            f"--profile {profile}: no profile folder with a config.yaml (a path, or a name in profiles/)"
+        )
+    files = _read_settings(folder / "config.yaml").get("configfile") or []
+    for name in [files] if isinstance(files, str) else files:
+        settings = _merged(settings, _read_settings(folder / name))
+    return settings
+
+
+def _setting(settings: dict, key: str, profile: str | None) -> str:
+    if not settings.get(key):
+        where = f"the study file of profile {profile}" if profile else "config/config.yaml"
+        raise UserError(f"no --{key} given and no `{key}` setting in {where}")
+    return str(settings[key])
+
+
+def experiment_run_dir(exp_id: str, storage_root: str, scale: str) -> str:
+    """The run dir of a study experiment at `scale`, resolved as the plan resolves it."""
+    from trm.study.plan import plan_study, run_dir_of
+
+    experiment_path(exp_id)  # an unknown id: named with the closest ones
+    (exp,) = plan_study(scale, [exp_id], "all", source=f"--experiment {exp_id}")
+    return run_dir_of(storage_root, scale, exp.run_name)
+
+
+def experiment_status(exp_id: str, run_dir: str, stale_after_s: float, as_json: bool) -> str:
+    if not any(storage.exists(storage.join(run_dir, marker)) for marker in RUN_MARKERS):
+        if as_json:
+            return json.dumps({"experiment": exp_id, "run_dir": run_dir, "state": "not started"})
+        return f"{exp_id}: not started (no run dir at {run_dir})"
+    run = read_run(run_dir, stale_after_s=stale_after_s)
+    if as_json:
+        return _json_line(exp_id, run)
+    return f"{format_table([row(run, exp_id)])}\n\nrun dir: {run_dir}"
+
+
+def _json_line(name: str, run: RunState) -> str:
+    return json.dumps(
+        {
+            "experiment": name,
+            "run_dir": run.run_dir,
+            "state": run.state,
+            "detail": run.detail,
+            "eta_s": eta_seconds(run),
+            **{k: v for k, v in run.status.items() if k != "state"},
+        },
+        sort_keys=True,
+    )
 
 
 def render(root: str, stale_after_s: float, as_json: bool) -> str:
     runs = collect(root, stale_after_s)
     if as_json:
-        return "\n".join(
-            json.dumps(
-                {
-                    "experiment": name,
-                    "run_dir": run.run_dir,
-                    "state": run.state,
-                    "detail": run.detail,
-                    "eta_s": eta_seconds(run),
-                    **{k: v for k, v in run.status.items() if k != "state"},
-                },
-                sort_keys=True,
-            )
-            for name, run in runs
-        )
+        return "\n".join(_json_line(name, run) for name, run in runs)
     if not runs:
         return f"no runs under {root} yet" if storage.exists(root) else f"{root} does not exist (yet)"
     counts: dict[str, int] = {}
@@ -235,22 +308,39 @@ def render(root: str, stale_after_s: float, as_json: bool) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    root = storage.check_url(args.storage or _default_storage(), "--storage" if args.storage else "storage")
+    settings = {} if args.storage and not args.experiment else study_settings(args.profile)
+    root = storage.check_url(
+        args.storage or _setting(settings, "storage", args.profile),
+        "--storage" if args.storage else "storage",
+    )
     if args.stale_after <= 0:
         raise UserError(f"--stale-after {args.stale_after}: must be > 0 seconds")
-    if args.watch is None and not storage.exists(root):  # a typo must not look like an empty study
-        raise UserError(
-            f"{'--storage' if args.storage else 'storage'} {root}: no such folder; the study's runs are under its "
-            "`storage` setting (config/config.yaml, or your profile's study file)"
-        )
-    if args.watch is None:
-        print(render(root, args.stale_after, args.json))
-        return 0
-    if args.watch <= 0:
+    if args.watch is not None and args.watch <= 0:
         raise UserError(f"--watch {args.watch}: must be > 0 seconds")
+    if args.scale and not args.experiment:
+        raise UserError(f"--scale {args.scale}: goes with --experiment (the table shows every scale's runs)")
+    if args.experiment:
+        scale = args.scale or _setting(settings, "scale", args.profile)
+        run_dir = experiment_run_dir(args.experiment, root, scale)
+
+        def show() -> str:
+            return experiment_status(args.experiment, run_dir, args.stale_after, args.json)
+    else:
+        if args.watch is None and not storage.exists(root):  # a typo must not look like an empty study
+            raise UserError(
+                f"{'--storage' if args.storage else 'storage'} {root}: no such folder; the study's runs are under "
+                "its `storage` setting (config/config.yaml, or your profile's study file: --profile)"
+            )
+
+        def show() -> str:
+            return render(root, args.stale_after, args.json)
+
+    if args.watch is None:
+        print(show())
+        return 0
     try:
         while True:
-            text = render(root, args.stale_after, args.json)
+            text = show()
             if sys.stdout.isatty():
                 sys.stdout.write("\033[2J\033[H")  # clear the screen
             print(text, flush=True)

@@ -4,6 +4,7 @@
 # Shell commands: settings are shared files (profiles, study files), so none may become shell code. Every
 # placeholder in a rule's shell command is quoted with `:q` (a list: each item quoted), and params hold plain
 # values or argument lists, never pre-joined command text (tests/test_workflow_quoting.py checks both).
+import csv
 import functools
 import os
 import sys
@@ -31,7 +32,7 @@ from trm.study.estimate import (
     training_flops,
 )
 from trm.study.groups import REFERENCE_GROUP
-from trm.study.plan import check_batches, parse_dataset_name, plan_study_cached
+from trm.study.plan import check_batches, parse_dataset_name, plan_study_cached, run_dir_of
 from trm.study.scale import SMOKE_POOL, TEST_PUZZLES
 from trm.study.settings import check_settings, load_schema
 
@@ -115,6 +116,26 @@ if config["launch"]["backend"] == "tpu-vm":
 # (`.venv/bin/snakemake`). Named by its folder, not by the interpreter's name: `python` and `python3` of one
 # venv must give the same command, or Snakemake sees changed params and reruns everything.
 TRM = os.path.join(os.path.dirname(sys.executable), "trm")
+
+def _report_selection():
+    """`snakemake --report` reports the DAG of the selection it is given. After a run of a selection
+    (`--config experiments=[exp01a]`), a plain `snakemake --report FILE` would ask for every experiment's outputs
+    (hundreds of "Missing metadata" warnings, then a missing plot). So a report given no selection of its own
+    covers the runs of the last table, the selection that was run; None when it has one, or no table exists."""
+    reporting = any(arg == "--report" or arg.startswith("--report=") for arg in sys.argv[1:])
+    chosen = {_setting_source(key) for key in ("experiments", "groups")} != {"config/config.yaml"}
+    table = os.path.join(config["results"], config["scale"], "table.csv")
+    if not reporting or chosen or not os.path.isfile(table):
+        return None
+    with open(table, newline="") as stream:
+        ids = [row["id"] for row in csv.DictReader(stream) if row.get("id")]
+    print(f"report: the runs of {table} ({', '.join(ids)}); --config experiments=[...] reports others", file=sys.stderr)
+    return ids or None
+
+
+_reported = _report_selection()
+if _reported:
+    config["experiments"], config["groups"] = _reported, "all"
 
 try:
     PLAN = {
@@ -251,7 +272,9 @@ def _plan_summary():
     """The study's line of the dry run, then its training and evaluation hours."""
     runs = list(FIRST_WITH_HASH.values())
     compiled = sum(first in COMPILED for first in runs)
-    assumed = f"an assumed {config['accelerator']['utilization']:.0%} of peak"
+    # The assumed utilization is a guess, not a calibration (at 10%, smoke runs took 1.5 to 8 times less than
+    # estimated), so the line says what the figure is.
+    assumed = f"an assumed {config['accelerator']['utilization']:.0%} of peak (a rough bound, not a forecast)"
     roofline = "at their compiled steps' roofline times (a best case; snakemake compile_check)"
     if not compiled:
         source = f"at {assumed}"
@@ -296,7 +319,7 @@ def dataset_url(dataset):
 
 
 def run_url(exp_id):
-    return url_join(STORAGE, "runs", PLAN[exp_id].run_name)
+    return run_dir_of(config["storage"], config["scale"], PLAN[exp_id].run_name)
 
 
 def config_file(exp_id):
