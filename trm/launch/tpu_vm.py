@@ -45,7 +45,6 @@ SSH_TIMEOUT_S = 1800.0  # installing the dependencies on a fresh slice takes min
 # Starting on a slice that stays READY failed this many times in a row (ssh itself failing, not the set-up):
 # not a preemption, so the job fails instead of spending its relaunches.
 MAX_START_FAILURES_ON_READY_SLICE = 2
-CLOCK_SKEW_S = 30.0  # controller and hosts stamp times with their own clocks
 
 
 def _is_gcs(url: str) -> bool:
@@ -149,8 +148,14 @@ class Babysitter:
             self._ssh(tpu_host.stop_script(self.options.stop_grace_seconds), "stop trm train on every host")
             self.started = False
 
-    def watch(self, since: float) -> tuple[str, str]:
-        """Poll until the run ends or the job must be relaunched: ("finished"|"failed"|"relaunch", why)."""
+    def _status_stamp(self) -> float | None:
+        """status.json's `updated_at` as the trainers last wrote it (None before any)."""
+        return runstate.read_run(self.run_dir).status.get("updated_at")
+
+    def watch(self, since: float, stamp_before: float | None) -> tuple[str, str]:
+        """Poll until the run ends or the job must be relaunched: ("finished"|"failed"|"relaunch", why). A
+        status.json still stamped `stamp_before` (read before this attempt's start) is an earlier attempt's:
+        after a quick relaunch on the same slice its "preempted" would otherwise stop the new trainers at once."""
         options = self.options
         while True:
             time.sleep(options.poll_seconds)
@@ -163,7 +168,7 @@ class Babysitter:
             if health != "ok":  # unknown (the cloud does not answer) or REPAIRING: keep watching the markers
                 log(f"slice {self.slice}: {health} ({detail}); watching the run's markers")
             status = run.status
-            if status.get("updated_at", 0) < since - CLOCK_SKEW_S:  # nothing yet from this attempt's trainers
+            if status.get("updated_at") == stamp_before:  # nothing yet from this attempt's trainers
                 if time.time() - since > options.start_timeout_seconds:
                     return (
                         "relaunch",
@@ -201,13 +206,13 @@ class Babysitter:
                 return EXIT_FAILED
             else:
                 self.mark("starting", f"starting trm train on every host of {self.slice}")
-                since = time.time()
+                since, stamp_before = time.time(), self._status_stamp()
                 started = self.start(code, node)
                 if started == "ok":
                     self.start_failures = 0
                     self.mark("running")
                     try:
-                        outcome, why = self.watch(since)
+                        outcome, why = self.watch(since, stamp_before)
                     except UserError as err:  # a permanent cloud error (permissions revoked, ...)
                         outcome, why = "failed", str(err)
                 elif started == "setup" and self.cloud.health()[0] != "lost":  # lost: preempted meanwhile
