@@ -41,6 +41,7 @@ os.environ["GLIBC_TUNABLES"] = with_tunable(os.environ.get("GLIBC_TUNABLES", "")
 # Test modules by decreasing run time, run first: with `pytest -n 2 --dist loadfile` (make test) each module goes
 # to one worker, and starting with the longest ones lets the two workers finish at about the same time.
 LONGEST_MODULES = [
+    "test_chaos.py",
     "test_multihost.py",
     "test_trainer.py",
     "test_tpu_profile.py",
@@ -63,12 +64,9 @@ def sudoku_data() -> Path:
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     """A copy of the workflow and its config, so a test can edit files and write results in isolation."""
-    root = tmp_path / "study"
-    root.mkdir()
-    shutil.copy(REPO_ROOT / "Snakefile", root)
-    for folder in ("workflow", "config", "profiles"):
-        shutil.copytree(REPO_ROOT / folder, root / folder)
-    return root
+    from chaos import copy_workflow  # here, not on top: the GCS emulator plugin sets its variables first
+
+    return copy_workflow(tmp_path / "study")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -2,8 +2,10 @@
 
 Fixtures: `cloud` (the fake first on PATH; returns its state folder), `fake_pypi` (the local folder of wheels
 the fake's hosts install from instead of PyPI: uv, repacked from this venv's uv) and `tpu_bucket` (a bucket on
-the GCS emulator per test module). Helpers: the live processes of a fake slice's hosts, waiting for them to
-exit, the gcloud calls the fake received, and stub wheels standing in for PyPI packages.
+the GCS emulator per test module). Helpers: the same outside pytest (`cloud_env`, `make_fake_pypi`; for
+benchmarks/soak_chaos.py), a test profile of the workflow on the fake (`tpu_test_profile`), the live processes
+of a fake slice's hosts, waiting for them to exit, the gcloud calls the fake received, and stub wheels standing
+in for PyPI packages.
 
 Slices are found by name in /proc (every host process carries FAKE_TPU_NODE=NAME): tests that may run at the
 same time, in different pytest-xdist workers, must use different slice names.
@@ -15,18 +17,22 @@ import base64
 import hashlib
 import json
 import os
+import shutil
 import stat
 import sys
 import time
 import zipfile
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from trm import storage
 
-FAKE_GCLOUD = Path(__file__).resolve().parent / "fake_gcloud"
+REPO = Path(__file__).resolve().parents[1]
+FAKE_GCLOUD = REPO / "tests" / "fake_gcloud"
 
 
 def write_wheel(folder: Path, name: str, version: str, files: dict[str, bytes], tag: str = "py3-none-any",
@@ -54,11 +60,9 @@ def write_wheel(folder: Path, name: str, version: str, files: dict[str, bytes], 
     return wheel
 
 
-@pytest.fixture(scope="session")
-def fake_pypi(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The fake hosts' PyPI: a folder with a uv wheel, repacked from this venv's installed uv (the same release
-    config/config.yaml pins); tests add stub wheels."""
-    folder = tmp_path_factory.mktemp("fake-pypi")
+def make_fake_pypi(folder: Path) -> Path:
+    """`folder` as the fake hosts' PyPI: a uv wheel, repacked from this venv's installed uv (the same release
+    config/config.yaml pins)."""
     uv = metadata.distribution("uv")
     files = {}
     for entry in uv.files:
@@ -76,16 +80,36 @@ def fake_pypi(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.fixture(scope="session")
+def fake_pypi(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fake hosts' PyPI (`make_fake_pypi`); tests add stub wheels."""
+    return make_fake_pypi(tmp_path_factory.mktemp("fake-pypi"))
+
+
+def cloud_env(state: Path, pypi: Path, environ: dict[str, str]) -> dict[str, str]:
+    """`environ` with the fake gcloud first on PATH (run by this venv's python3), 2 hosts per slice, state in
+    `state`, PyPI `pypi`, and the hosts sharing `environ`'s XLA compilation cache (tests/conftest.py's)."""
+    path = [str(FAKE_GCLOUD), str(Path(sys.executable).parent), environ["PATH"]]
+    env = {
+        **environ,
+        "PATH": os.pathsep.join(path),
+        "FAKE_GCLOUD_STATE": str(state),
+        "FAKE_TPU_WORKERS": "2",
+        "FAKE_PYPI": str(pypi),
+    }
+    if "JAX_COMPILATION_CACHE_DIR" in environ:
+        env["FAKE_TPU_XLA_CACHE"] = environ["JAX_COMPILATION_CACHE_DIR"]
+    return env
+
+
 @pytest.fixture
 def cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_pypi: Path) -> Path:
     """The fake gcloud first on PATH (run by this venv's python3), 2 hosts per slice, their PyPI `fake_pypi`;
     returns its state folder."""
     state = tmp_path / "cloud"
-    path = [str(FAKE_GCLOUD), str(Path(sys.executable).parent), os.environ["PATH"]]
-    monkeypatch.setenv("PATH", os.pathsep.join(path))
-    monkeypatch.setenv("FAKE_GCLOUD_STATE", str(state))
-    monkeypatch.setenv("FAKE_TPU_WORKERS", "2")
-    monkeypatch.setenv("FAKE_PYPI", str(fake_pypi))
+    for key, value in cloud_env(state, fake_pypi, dict(os.environ)).items():
+        if os.environ.get(key) != value:
+            monkeypatch.setenv(key, value)
     return state
 
 
@@ -96,6 +120,40 @@ def tpu_bucket(gcs_emulator: str) -> str:
     fs, _ = storage.filesystem(f"gs://{name}")
     fs.mkdir(name)
     return f"gs://{name}"
+
+
+def tpu_test_profile(
+    root: Path,
+    storage_url: str,
+    slices: tuple[str, ...],
+    lock_dir: Path,
+    tpu: dict | None = None,
+    **study: Any,
+) -> Path:
+    """ROOT/profiles/tpu-test: profiles/tpu-v4-64 with the same keys, on the fake cloud and the emulator: a pool
+    of `slices` of 2 hosts x 2 devices (FAKE_TPU_DEVICES=2 in the environment), smoke scale, its storage
+    `storage_url`, fast polls; `study` sets keys of its study.yaml and `tpu` keys of its launch.tpu."""
+    profile = root / "profiles" / "tpu-test"
+    shutil.copytree(REPO / "profiles" / "tpu-v4-64", profile)
+    settings = yaml.safe_load((profile / "config.yaml").read_text())
+    settings["resources"]["tpu"] = len(slices)  # one training job per slice of the pool
+    (profile / "config.yaml").write_text(yaml.safe_dump(settings))
+    values = yaml.safe_load((profile / "study.yaml").read_text())
+    values.update(scale="smoke", storage=storage_url, **study)
+    values["launch"].update(hosts=2, devices_per_host=2)
+    values["launch"]["tpu"].update(
+        slices=[*slices],
+        project="trm-test-project",
+        python=sys.executable,  # a local Python 3.11 with the dependencies for the stock-image hosts' venv
+        install_dependencies=False,
+        coordinator_port=0,
+        lock_dir=str(lock_dir),
+        poll_seconds=0.5,
+        stop_grace_seconds=30,
+        **(tpu or {}),
+    )
+    (profile / "study.yaml").write_text(yaml.safe_dump(values))
+    return profile
 
 
 def node_pids(name: str) -> list[int]:

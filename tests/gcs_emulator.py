@@ -58,10 +58,9 @@ def _binary() -> str:
     return str(_get_binary_path())
 
 
-@pytest.fixture(scope="session")
-def gcs_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """fake-gcs-server (in-memory) on 127.0.0.1:PORT for the whole session; yields its endpoint URL."""
-    log_path = tmp_path_factory.mktemp("gcs_emulator") / "fake-gcs-server.log"
+def start_emulator(log_path: Path) -> subprocess.Popen:
+    """fake-gcs-server (in-memory) on 127.0.0.1:PORT, ready; its output goes to `log_path`. The caller stops it
+    (`stop_emulator`)."""
     # Started directly, with output to a file: the wrapper class pipes stderr without reading it and deadlocks.
     command = [_binary(), "-scheme", "http", "-host", "127.0.0.1", "-port", str(PORT), "-backend", "memory"]
     command += ["-external-url", ENDPOINT, "-log-level", "warn"]
@@ -69,14 +68,19 @@ def gcs_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
         _wait_until_ready(server, log_path)
-        yield ENDPOINT
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+    except BaseException:
+        stop_emulator(server)
+        raise
+    return server
+
+
+def stop_emulator(server: subprocess.Popen) -> None:
+    server.terminate()
+    try:
+        server.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
 
 
 def _wait_until_ready(server: subprocess.Popen, log_path: Path, timeout: float = 20.0) -> None:
@@ -90,6 +94,16 @@ def _wait_until_ready(server: subprocess.Popen, log_path: Path, timeout: float =
         except OSError:
             time.sleep(0.05)
     pytest.fail(f"fake-gcs-server not ready after {timeout} s on {ENDPOINT}:\n{log_path.read_text()}")
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """fake-gcs-server (in-memory) on 127.0.0.1:PORT for the whole session; yields its endpoint URL."""
+    server = start_emulator(tmp_path_factory.mktemp("gcs_emulator") / "fake-gcs-server.log")
+    try:
+        yield ENDPOINT
+    finally:
+        stop_emulator(server)
 
 
 @pytest.fixture

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import yaml
-from fake_tpu import gcloud_calls, wait_until_exited
+from fake_tpu import gcloud_calls, tpu_test_profile, wait_until_exited
 from test_workflow import estimates
 
 from trm import storage
@@ -69,30 +67,13 @@ def test_profile_dry_run_needs_no_gcloud_and_shows_tpu_hours(tmp_path):
 
 
 def _test_profile(root: Path, tpu_bucket: str, tmp: Path) -> Path:
-    """profiles/tpu-v4-64 with the same keys, on the emulator: a pool of two slices of 2 hosts x 2 devices (the
-    `cloud` fixture's FAKE_TPU_DEVICES), smoke scale, fast polls."""
-    profile = root / "profiles" / "tpu-test"
-    shutil.copytree(REPO / "profiles" / "tpu-v4-64", profile)
-    settings = yaml.safe_load((profile / "config.yaml").read_text())
-    settings["resources"]["tpu"] = 2  # one training job per slice of the pool
-    (profile / "config.yaml").write_text(yaml.safe_dump(settings))
-    study = yaml.safe_load((profile / "study.yaml").read_text())
-    study.update(scale="smoke", storage=f"{tpu_bucket}/study", experiments=["exp01a", "exp04a_100"])
-    # One supervision step too: where the slice's and a one-process evaluation must agree (see below).
-    study["test_time_steps"] = {"smoke": [1, 16, 32], "paper": [16, 32, 64, 128]}
-    study["launch"].update(hosts=2, devices_per_host=2)
-    study["launch"]["tpu"].update(
-        slices=[*SLICES],
-        project="trm-test-project",
-        python=sys.executable,  # a local Python 3.11 with the dependencies for the stock-image hosts' venv
-        install_dependencies=False,
-        coordinator_port=0,
-        lock_dir=str(tmp / "locks"),
-        poll_seconds=0.5,
-        stop_grace_seconds=30,
-    )
-    (profile / "study.yaml").write_text(yaml.safe_dump(study))
-    return profile
+    """The tpu-test profile with two experiments, and one supervision step too: where the slice's and a
+    one-process evaluation must agree (see below)."""
+    test_time_steps = {"smoke": [1, 16, 32], "paper": [16, 32, 64, 128]}
+    return tpu_test_profile(
+        root, f"{tpu_bucket}/study", SLICES, tmp / "locks", experiments=["exp01a", "exp04a_100"],
+        test_time_steps=test_time_steps,
+    )  # fmt: skip
 
 
 def test_profile_runs_two_experiments_on_an_emulated_slice(cloud, tpu_bucket, workdir, tmp_path, monkeypatch):

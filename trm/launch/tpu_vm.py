@@ -52,7 +52,6 @@ SSH_TIMEOUT_S = 1800.0  # installing the dependencies on a fresh slice takes min
 # Starting on a slice that stays READY failed this many times in a row (ssh itself failing, not the set-up):
 # not a preemption, so the job fails instead of spending its relaunches.
 MAX_START_FAILURES_ON_READY_SLICE = 2
-CLOCK_SKEW_S = 30.0  # controller and hosts stamp times with their own clocks
 
 
 def _is_gcs(url: str) -> bool:
@@ -165,9 +164,18 @@ class Babysitter:
             self._ssh(tpu_host.stop_script(grace_s), "stop trm train on every host")
             self.started = False
 
-    def watch(self, since: float) -> tuple[str, str]:
+    def _status_mark(self) -> tuple[float | None, int | None]:
+        """status.json's `updated_at` and `attempt` as the trainers last wrote them (None, None before any)."""
+        status = runstate.read_run(self.run_dir).status
+        return status.get("updated_at"), status.get("attempt")
+
+    def watch(self, since: float, before: tuple[float | None, int | None]) -> tuple[str, str]:
         """Poll until the run ends, the job must be relaunched or the lease is lost:
-        ("finished"|"failed"|"relaunch"|"lost", why)."""
+        ("finished"|"failed"|"relaunch"|"lost", why). `before` is status.json's stamp and attempt read before
+        this attempt's start. A status still stamped so, or still of that attempt, is an earlier attempt's: the
+        "preempted" of a quick relaunch on the same slice, or of the trainers a killed launcher left there, which
+        this attempt's start script stops (each new trainer counts the attempt up), would otherwise stop the new
+        trainers at once or cost a relaunch."""
         options = self.options
         while True:
             if self.lease_lost.wait(options.poll_seconds):
@@ -181,7 +189,11 @@ class Babysitter:
             if health != "ok":  # unknown (the cloud does not answer) or REPAIRING: keep watching the markers
                 log(f"slice {self.slice}: {health} ({detail}); watching the run's markers")
             status = run.status
-            if status.get("updated_at", 0) < since - CLOCK_SKEW_S:  # nothing yet from this attempt's trainers
+            stamp_before, attempt_before = before
+            earlier = status.get("updated_at") == stamp_before or (
+                attempt_before is not None and status.get("attempt") == attempt_before
+            )
+            if earlier:  # nothing yet from this attempt's trainers
                 if time.time() - since > options.start_timeout_seconds:
                     return (
                         "relaunch",
@@ -222,13 +234,13 @@ class Babysitter:
                 return EXIT_FAILED
             else:
                 self.mark("starting", f"starting trm train on every host of {self.slice}")
-                since = time.time()
+                since, before = time.time(), self._status_mark()
                 started = self.start(code, node)
                 if started == "ok":
                     self.start_failures = 0
                     self.mark("running")
                     try:
-                        outcome, why = self.watch(since)
+                        outcome, why = self.watch(since, before)
                     except UserError as err:  # a permanent cloud error (permissions revoked, ...)
                         outcome, why = "failed", str(err)
                 elif started == "setup" and self.cloud.health()[0] != "lost":  # lost: preempted meanwhile
