@@ -17,7 +17,7 @@ bandwidth, with nothing else in the way. docs/tpu.md says how far to trust it.
 When a step does not fit, the command fails naming the numbers and the `train.micro_batches` or
 `train.remat` to try. Compiling a paper-scale train step takes minutes on a CPU: with --cache DIR each
 result is kept as DIR/<step hash>.json and reused by every experiment with the same step (trm/launch/accelerators.py
-`step_config`), which is what the workflow's `compile_check` target does.
+`step_config`, and the step's source code: `step_hash`), which is what the workflow's `compile_check` target does.
 """
 
 from __future__ import annotations
