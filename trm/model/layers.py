@@ -83,11 +83,11 @@ class Linear(nnx.Module):
     def along_leading_axis(self, x: jax.Array) -> jax.Array:
         """The same map (no bias) applied along the LEADING axis: y[o, ...] = sum_i W[i, o] x[i, ...].
 
-        One plain [out, in] x [in, rest] matmul with no transposes of x (MLP-T on sequence-major input).
+        One contraction over x's leading axis with no transposes of x (MLP-T on sequence-major input). x keeps
+        its shape: flattening the rest to one axis first is free on CPU, but on TPU it re-tiles every input
+        and output in HBM (a copy each way of the MLP-T's largest activations).
         """
-        weight = self.weight[...].astype(x.dtype)
-        y = jnp.einsum("io,in->on", weight, x.reshape(x.shape[0], -1))
-        return y.reshape(weight.shape[1], *x.shape[1:])
+        return jnp.einsum("io,i...->o...", self.weight[...].astype(x.dtype), x)
 
 
 class SwiGLU(nnx.Module):
