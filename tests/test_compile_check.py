@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from trm.config import experiment_path, load_config
-from trm.launch.accelerators import ACCELERATORS, GIB, step_hash
+from trm.launch.accelerators import ACCELERATORS, GIB, PACKAGE, STEP_SOURCES, step_hash, step_source_digest
 from trm.launch.compile_check import fit_problem, roofline_seconds
 from trm.study.estimate import compiled_run_hours, compiled_step_seconds, evaluation_passes, training_steps
 
@@ -54,6 +55,22 @@ def test_experiments_share_a_compile_exactly_when_their_steps_are_the_same_progr
     assert len(set(hashes.values())) == 1, hashes
     for other in ("exp01f", "exp06_f", "exp05_a", "exp07a", "exp09e", "exp08a"):  # width, batch, halting, ...
         assert step_hash(load_config(experiment_path(other))) != hashes["exp01c"], other
+
+
+def test_a_change_to_the_steps_source_is_a_new_compile_and_other_code_is_not(tmp_path):
+    package = tmp_path / "trm"
+    shutil.copytree(PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__"))
+    before = step_source_digest(package)
+    assert before == step_source_digest(PACKAGE)  # paths relative to the package: the same wherever installed
+    (package / "cli.py").write_text((package / "cli.py").read_text() + "# not part of the step\n")
+    assert step_source_digest(package) == before
+    digests = {before}
+    for name in ("model/layers.py", *STEP_SOURCES[1:]):
+        changed = tmp_path / name.replace("/", "_")
+        shutil.copytree(package, changed / "trm")
+        (changed / "trm" / name).write_text((changed / "trm" / name).read_text() + "# changed\n")
+        digests.add(step_source_digest(changed / "trm"))
+    assert len(digests) == len(STEP_SOURCES) + 1  # each change a new digest
 
 
 def test_a_step_that_does_not_fit_names_the_experiment_the_numbers_and_the_micro_batches_to_try():

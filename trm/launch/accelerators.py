@@ -8,9 +8,11 @@ No JAX import here: the workflow's dry run reads this module.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from trm.errors import UserError
 
@@ -69,7 +71,37 @@ def step_config(config: dict) -> dict:
     return {"arch": arch, "optim": optim, "train": train}
 
 
+# The source the compiled steps are built from (the model, the ACT step, loss, optimizers, EMA, the train and
+# evaluation steps and their sharding), relative to the trm package: a change to it can change the program.
+STEP_SOURCES = (
+    "model",
+    "train/step.py",
+    "train/loss.py",
+    "train/optim.py",
+    "train/ema.py",
+    "train/evaluator.py",
+    "run/distributed.py",
+)
+PACKAGE = Path(__file__).resolve().parents[1]
+
+
 def step_hash(config: dict) -> str:
-    """First 12 hex digits of the sha256 of `step_config`: the name of a compile's cached figures."""
+    """First 12 hex digits of the sha256 of `step_config` and of the step's source code (`STEP_SOURCES`): the
+    name of a compile's cached figures, so a code change that can change the program is compiled again."""
     text = json.dumps(step_config(config), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+    return hashlib.sha256(text.encode() + _installed_step_source_digest()).hexdigest()[:12]
+
+
+@functools.cache
+def _installed_step_source_digest() -> bytes:
+    return step_source_digest(PACKAGE)
+
+
+def step_source_digest(package: Path) -> bytes:
+    """sha256 of the `STEP_SOURCES` files under `package` (their paths and contents)."""
+    digest = hashlib.sha256()
+    for name in STEP_SOURCES:
+        path = package / name
+        for source in sorted(path.glob("*.py")) if path.is_dir() else [path]:
+            digest.update(source.relative_to(package).as_posix().encode() + b"\0" + source.read_bytes())
+    return digest.digest()

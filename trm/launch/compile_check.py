@@ -17,7 +17,7 @@ bandwidth, with nothing else in the way. docs/tpu.md says how far to trust it.
 When a step does not fit, the command fails naming the numbers and the `train.micro_batches` or
 `train.remat` to try. Compiling a paper-scale train step takes minutes on a CPU: with --cache DIR each
 result is kept as DIR/<step hash>.json and reused by every experiment with the same step (trm/launch/accelerators.py
-`step_config`), which is what the workflow's `compile_check` target does.
+`step_config`, and the step's source code: `step_hash`), which is what the workflow's `compile_check` target does.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import sys
 import time
 from importlib import metadata
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from trm import storage
 from trm.config import (
@@ -131,6 +132,35 @@ def topology_devices(chip: Accelerator) -> list:
 
 def compile_steps(config: dict, chip: Accelerator) -> dict:
     """Compile `config`'s train step (at its full depth) and evaluation step for `chip`'s topology; their figures."""
+    steps = lowered_steps(config, chip)
+    import jax
+
+    rows_per_chip = config["train"]["global_batch_size"] / steps.devices
+    return {
+        "accelerator": chip.name,
+        "devices": steps.devices,
+        "jax": jax.__version__,
+        "libtpu": metadata.version("libtpu"),
+        "step_config": step_config(config),
+        "train": _compiled_figures(
+            steps.train, rows_per_chip * steps.train_flops, config["train"]["micro_batches"]
+        ),
+        "eval": _compiled_figures(steps.evaluation, rows_per_chip * steps.eval_flops, 1),
+    }
+
+
+class LoweredSteps(NamedTuple):
+    """`config`'s train and evaluation steps lowered for a topology (compile with `.compile()`)."""
+
+    train: Any
+    evaluation: Any
+    devices: int
+    train_flops: float  # analytic model FLOPs per example (trm/model/flops.py)
+    eval_flops: float
+
+
+def lowered_steps(config: dict, chip: Accelerator) -> LoweredSteps:
+    """Lower `config`'s train step (at its full depth) and evaluation step for `chip`'s topology."""
     devices = topology_devices(chip)
     import jax
     import numpy as np
@@ -159,18 +189,9 @@ def compile_steps(config: dict, chip: Accelerator) -> dict:
         (state.params, state.puzzle_emb, state.buffers),
     )
     evaluation = Evaluator(model, (1,), mesh).lower(weights, batch)
-    rows_per_chip = rows / len(devices)
-    return {
-        "accelerator": chip.name,
-        "devices": len(devices),
-        "jax": jax.__version__,
-        "libtpu": metadata.version("libtpu"),
-        "step_config": step_config(config),
-        "train": _compiled_figures(
-            train, rows_per_chip * flops_per_example_step(cfg), config["train"]["micro_batches"]
-        ),
-        "eval": _compiled_figures(evaluation, rows_per_chip * forward_flops_per_example_step(cfg), 1),
-    }
+    return LoweredSteps(
+        train, evaluation, len(devices), flops_per_example_step(cfg), forward_flops_per_example_step(cfg)
+    )
 
 
 def _compiled_figures(lowered, model_flops: float, micro_batches: int) -> dict:

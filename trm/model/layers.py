@@ -83,11 +83,24 @@ class Linear(nnx.Module):
     def along_leading_axis(self, x: jax.Array) -> jax.Array:
         """The same map (no bias) applied along the LEADING axis: y[o, ...] = sum_i W[i, o] x[i, ...].
 
-        One plain [out, in] x [in, rest] matmul with no transposes of x (MLP-T on sequence-major input).
+        No transposes of x (MLP-T on sequence-major input). On TPU, one contraction over the leading axis of x
+        as it is: a TPU stores arrays in tiles over their last two axes, so flattening x to 2-D re-tiled every
+        MLP-T input and output in HBM (docs/tpu.md, "Where the step's bytes go"). Elsewhere, one [out, in] x
+        [in, rest] matmul of x flattened to 2-D: free there, and on CPU the fastest form (the 3-D contraction
+        makes XLA:CPU transpose in the backward, 2.3x slower in float32). The same sums either way; the
+        choice is made when the step is compiled for its platform.
         """
         weight = self.weight[...].astype(x.dtype)
-        y = jnp.einsum("io,in->on", weight, x.reshape(x.shape[0], -1))
-        return y.reshape(weight.shape[1], *x.shape[1:])
+        return jax.lax.platform_dependent(weight, x, tpu=_leading_contraction, default=_flattened_matmul)
+
+
+def _flattened_matmul(weight: jax.Array, x: jax.Array) -> jax.Array:
+    y = jnp.einsum("io,in->on", weight, x.reshape(x.shape[0], -1))
+    return y.reshape(weight.shape[1], *x.shape[1:])
+
+
+def _leading_contraction(weight: jax.Array, x: jax.Array) -> jax.Array:
+    return jnp.einsum("io,i...->o...", weight, x)
 
 
 class SwiGLU(nnx.Module):
