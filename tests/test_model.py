@@ -156,6 +156,22 @@ def test_block_matches_numpy(variant):
     np.testing.assert_allclose(block(jnp.asarray(h), rope), np_block(h, block, cfg), rtol=2e-4, atol=2e-4)
 
 
+def test_mlp_t_contraction_of_the_tpu_equals_the_flattened_matmul_of_other_platforms():
+    """Linear.along_leading_axis compiles to a contraction over x's leading axis on TPU (no re-tiling copies) and
+    to a flattened matmul elsewhere: the same sums, here both evaluated on the CPU (one well-conditioned
+    contraction of 16 terms in float32: equal to float32 rounding)."""
+    from trm.model.layers import _flattened_matmul, _leading_contraction
+
+    keys = jax.random.split(jax.random.key(0), 2)
+    weight = jax.random.normal(keys[0], (16, 24), jnp.float32)
+    x = jax.random.normal(keys[1], (16, 3, 5), jnp.float32)
+    expected = np.einsum("io,ibd->obd", np.asarray(weight, np.float64), np.asarray(x, np.float64))
+    for form in (_flattened_matmul, _leading_contraction):
+        y = jax.jit(form)(weight, x)
+        assert y.shape == (24, 3, 5)
+        np.testing.assert_allclose(np.asarray(y, np.float64), expected, rtol=1e-5, atol=1e-5)
+
+
 def test_mlp_t_normalises_over_the_sequence_axis():
     # Zero channel MLP leaves out = rms_channels(rms_sequence(h + mix)); the sequence norm gives every
     # channel unit RMS across positions before the channel norm, which a channel-only norm would not.
