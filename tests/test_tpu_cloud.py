@@ -6,6 +6,8 @@ The end-to-end runs (training, preemption, cancelling) are in test_tpu_vm.py and
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -22,8 +24,23 @@ from trm.launch.tpu_slice import Slice, SliceLost
 REPO = Path(__file__).resolve().parents[1]
 NAME = "trm-cloud"
 ZONE = "us-central2-b"
-# A local Python 3.11 for uv instead of a downloaded one: the interpreter behind this venv (pyenv's).
-PYTHON_311 = str(Path(sys.base_prefix) / "bin" / "python3.11")
+
+
+def _local_python_311() -> str:
+    """A local Python 3.11 for uv instead of a downloaded one (the hosts' venv is 3.11, as on real hosts): the
+    interpreter behind this venv when the suite runs on 3.11, else one on PATH or pyenv's."""
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    candidates = [
+        Path(sys.base_prefix) / "bin" / "python3.11",
+        Path(shutil.which("python3.11") or "/nonexistent"),
+    ]
+    candidates += sorted(pyenv.glob("versions/3.11*/bin/python3.11"))
+    found = next((str(path) for path in candidates if path.is_file()), None)
+    assert found, "these tests need a local Python 3.11 for the fake hosts' venv (none found)"
+    return found
+
+
+PYTHON_311 = _local_python_311()
 
 
 def _options(**overrides) -> tpu_options.TpuOptions:

@@ -190,11 +190,15 @@ def test_stock_image_slice_preempted_is_recreated_and_the_run_resumes_from_its_c
     assert launch["state"] == "finished" and launch["slice"] == SLICE and launch["attempt"] == 2
     # The hosts ran the shipped wheel, not this checkout: the code version is the wheel's.
     assert "+git." in host_log and ".src." in host_log
-    # Set up on the first slice and again on the recreated one, each time in a Python 3.11 venv of its own.
+    # Set up on the first slice and again on the recreated one, each time in a venv of its own made with
+    # --tpu-python (this suite's interpreter).
     assert output.count("set up code") == 2 and "set-up current" not in output
     for host in (cloud / "hosts" / SLICE).iterdir():
         assert (host / ".trm/venv/.trm-setup").exists()
-        assert "version_info = 3.11." in (host / ".trm/venv/pyvenv.cfg").read_text()
+        assert (
+            "version_info = {}.{}.".format(*sys.version_info[:2])
+            in (host / ".trm/venv/pyvenv.cfg").read_text()
+        )
     wait_until_exited(SLICE)
 
 
