@@ -340,7 +340,7 @@ def print_table(rows: list[dict], args: argparse.Namespace) -> None:
         "median over rounds (range over rounds in brackets); /matmul: achieved FLOP/s over the plain\n"
         "matmul's, from wall time and (cpu) from process CPU time; ours/torch, ours/original: our\n"
         "examples/s over the PyTorch transcription's (--torch) and over the original's own code\n"
-        "(--original-repo),"
+        "(--original-repo), "
         "each measured in this run"
     )
 
