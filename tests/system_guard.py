@@ -9,22 +9,15 @@ A difference is printed with the path and fails with exit 1.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
 from pathlib import Path
 
+from trm.data.format import sha256_file
+
 SYSTEM_FOLDERS = (Path("/usr/bin"), Path("/usr/local/bin"))
 USER_FOLDERS = (Path.home() / ".cache" / "trm", Path.home() / ".config" / "snakemake")
-
-
-def _digest(path: Path) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            sha.update(chunk)
-    return sha.hexdigest()
 
 
 def snapshot() -> dict[str, str]:
@@ -37,7 +30,7 @@ def snapshot() -> dict[str, str]:
             try:
                 target = entry.resolve()
                 if target.is_file():
-                    seen[str(entry)] = f"{target} {target.stat().st_size} {_digest(target)}"
+                    seen[str(entry)] = f"{target} {target.stat().st_size} {sha256_file(target)}"
                 else:
                     seen[str(entry)] = f"{target} (not a file)"
             except OSError as error:  # a dangling link, an unreadable file: record that, it must not change
