@@ -166,7 +166,8 @@ def test_sigint_and_sigterm_to_snakemake_stop_the_job_through_its_checkpoint_and
         assert proc.returncode == 128 + sig, output[-3000:]
         assert f"Interrupted by {sig.name}" in output and "Rerun the same command to resume" in output
         assert "Will exit after finishing currently running jobs" not in output
-        assert read_run(str(study.run_dir)).status["state"] == "preempted"  # its checkpoint saved; not failed
+        state = read_run(str(study.run_dir)).status["state"]
+        assert state == "preempted", (output[-3000:], log.read_text()[-3000:])  # its checkpoint saved; not failed
         assert "[launch] host exit codes: [42]" in log.read_text()
 
     # Snakemake SIGKILLed: its job's launcher notices and stops the trainer the same way; the lock stays.
@@ -242,3 +243,45 @@ def test_a_killed_launcher_takes_its_trainers_with_it_through_their_checkpoint(s
         host_log = Path(layout.host_log(str(run_dir), host))
         assert len(_stop_steps(host_log)) == 2 and "(earlier attempts above)" in host_log.read_text()
     assert _marked(marker) == []
+
+
+# A "Snakemake" whose main thread waits for its job (as Snakemake's scheduler does) while the signal is delivered
+# to another thread: Python would run the main thread's handler only once the job ends.
+BLOCKED_CONTROLLER = """
+import signal, subprocess, sys, threading, time
+from trm.study import interrupts
+interrupts.install()
+job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+job_ended = threading.Semaphore(0)
+def job_thread():
+    time.sleep(0.5)
+    signal.pthread_kill(threading.get_ident(), signal.SIG{name})  # this thread, not the main one
+    job.wait()
+    print(f"job ended by {{-job.returncode}} after {{time.monotonic() - start:.2f}} s", flush=True)
+    time.sleep(5)  # the main thread's handler may run only after this
+    job_ended.release()
+start = time.monotonic()
+threading.Thread(target=job_thread, daemon=True).start()
+try:
+    job_ended.acquire()
+except KeyboardInterrupt:
+    print(f"KeyboardInterrupt after {{time.monotonic() - start:.2f}} s", flush=True)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_delivered_to_another_thread_stops_the_jobs_at_once(sig, tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", BLOCKED_CONTROLLER.format(name=sig.name[3:])],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    ended = re.search(r"job ended by (\d+) after ([\d.]+) s", done.stdout)
+    assert ended, done.stdout + done.stderr
+    assert int(ended[1]) == signal.SIGINT  # jobs get SIGINT, as from a terminal's Ctrl-C
+    assert float(ended[2]) < 3.0  # at once, not after the 5 s the main thread stays asleep
+    assert f"{sig.name}: stopping the running jobs (1 processes get SIGINT)" in done.stderr
+    assert "KeyboardInterrupt after" in done.stdout  # Snakemake's own path still follows

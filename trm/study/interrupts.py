@@ -11,6 +11,12 @@ SIGINT (a training job's launcher then asks its trainers to save a checkpoint an
 their own session, see trm/run/lifetime.py), and Snakemake takes its KeyboardInterrupt path, which waits for
 the jobs to end and releases its lock. A second signal only repeats the SIGINT to the jobs. `exit_if_interrupted()`,
 from `onerror`, then says what happened and exits 128 + the signal's number. Snakemake's `--no-hooks` skips both.
+
+Python runs a signal handler only in the main thread, and only once that thread wakes. The kernel may deliver a
+signal to any thread of Snakemake (its job threads wait on their processes); the main thread, waiting for a job
+to end, would then run the handler only when the job ends: for a training job, at the end of its run. So the jobs
+are stopped by a thread of ours that wakes on every signal (`signal.set_wakeup_fd`), whichever thread got it;
+the main thread's handler only raises KeyboardInterrupt.
 """
 
 from __future__ import annotations
@@ -18,11 +24,17 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 from trm.run.lifetime import ENV_CONTROLLER_PID
 
-_received: list[int] = []
+_received: list[int] = []  # every SIGINT/SIGTERM seen, in order
+_lock = threading.Lock()
+_first_seen = threading.Event()
+_raised = False
+# How long the main thread's handler waits for the watcher before stopping the jobs itself.
+WATCHER_GRACE_S = 0.5
 
 
 def install() -> None:
@@ -31,17 +43,31 @@ def install() -> None:
     os.environ[ENV_CONTROLLER_PID] = str(os.getpid())
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _interrupt)
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)  # the C-level handler must never block on a full pipe
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    threading.Thread(target=_watch, args=(read_fd,), name="interrupt-watch", daemon=True).start()
 
 
-def _interrupt(signum: int, _frame) -> None:
-    first = not _received
-    _received.append(signum)
+def _watch(read_fd: int) -> None:
+    """Stop the jobs as soon as a signal arrives: the C-level handler writes each signal's number to the pipe."""
+    while True:
+        for signum in os.read(read_fd, 64):
+            if signum in (signal.SIGINT, signal.SIGTERM):
+                _stop_jobs(signum)
+
+
+def _stop_jobs(signum: int) -> None:
+    with _lock:
+        first = not _received
+        _received.append(signum)
     jobs = job_processes()
     for pid in jobs:
         try:
             os.kill(pid, signal.SIGINT)
         except ProcessLookupError:
             pass
+    _first_seen.set()
     name = signal.Signals(signum).name
     if first:
         print(
@@ -50,8 +76,19 @@ def _interrupt(signum: int, _frame) -> None:
             file=sys.stderr,
             flush=True,
         )
+    else:
+        print(f"{name}: already stopping; waiting for the jobs to save and exit", file=sys.stderr, flush=True)
+
+
+def _interrupt(signum: int, _frame) -> None:
+    """The main thread's handler: Snakemake's KeyboardInterrupt path, once. The watcher has normally stopped the
+    jobs already; if it did not (another library took the wakeup fd), this handler does."""
+    global _raised
+    if not _first_seen.wait(WATCHER_GRACE_S):
+        _stop_jobs(signum)
+    if not _raised:
+        _raised = True
         raise KeyboardInterrupt
-    print(f"{name}: already stopping; waiting for the jobs to save and exit", file=sys.stderr, flush=True)
 
 
 def job_processes(root: int | None = None) -> list[int]:
