@@ -107,6 +107,10 @@ def test_profile_runs_two_experiments_on_an_emulated_slice(cloud, tpu_bucket, wo
     assert {argv[4] for argv in ssh} == {*SLICES}
     for name in SLICES:
         wait_until_exited(name)
+    # The study created both slices and kept them (delete_after: false): its end lists them, and how to delete.
+    assert "2 TPU slice(s) this workflow created still exist" in done.stderr
+    for name in SLICES:
+        assert f"delete: gcloud compute tpus queued-resources delete {name} --zone=" in done.stderr
     _evaluated_on_the_hosts_in_the_training_job(root, done.stdout + done.stderr, tmp_path)
 
 

@@ -15,7 +15,7 @@ from snakemake.exceptions import WorkflowError
 
 from trm.config import dump_config, experiment_ids, experiment_path, load_config
 from trm.errors import UserError
-from trm.launch import tpu_options
+from trm.launch import slice_ledger, tpu_options
 from trm.launch.accelerators import step_hash
 from trm.launch.local import one_thread_per_job
 from trm.run import layout
