@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from trm.analysis.judge import CELL_CAVEAT, judge_criterion, judged_metric, samples_by_experiment
+from trm.analysis.judge import (
+    CELL_CAVEAT,
+    judge_criterion,
+    judged_metric,
+    samples_by_configuration,
+    samples_by_experiment,
+)
 from trm.analysis.uncertainty import (
     AT_MOST,
     FLOOR_AND_SAMPLING,
@@ -164,6 +170,16 @@ def test_a_single_run_against_seeds_adds_the_floor_variance():
     assert d.half_width == pytest.approx(stats.t.ppf(0.975, 3.2) * math.sqrt(s2 * 4 / 3))
 
 
+def test_two_single_runs_share_one_noise_floor_and_its_degrees_of_freedom():
+    baseline = [0.86, 0.88, 0.87]
+    s = np.std(baseline, ddof=1)
+    floor = noise_floor({"b": baseline})
+    d = difference(summarize([0.80], floor), summarize([0.84], floor))
+    # var = 2 s^2 from one estimate with 2 degrees of freedom (not 4: the floor is counted once).
+    assert d.df == pytest.approx(2)
+    assert d.half_width == pytest.approx(4.303 * s * math.sqrt(2), rel=1e-3)
+
+
 # ------------------------------------------------------------------------------------- verdicts on criteria
 
 
@@ -250,6 +266,18 @@ def test_single_runs_are_judged_against_the_noise_floor():
     assert "the seed spread is unknown" in blind["detail"]
 
 
+def test_single_runs_of_unknown_spread_never_decide():
+    import json
+
+    # Throughput is not a fraction of puzzles: one run each and no noise floor leave the spread unknown.
+    crit = {**criterion("at_least", members=["a"], reference=["b"]), "metric": "examples_per_second"}
+    result = verdict(crit, {"a": [5000.0], "b": [100.0]}, None, 16)
+    assert result["verdict"] == INCONCLUSIVE
+    assert "uncertainty unknown" in result["detail"] and "the seed spread is unknown" in result["detail"]
+    assert result["summaries"]["a"]["source"] == "none"
+    json.dumps(result, allow_nan=False)  # unknown figures are null, the output stays standard JSON
+
+
 def test_monotonic_and_best_is_one_of_under_noise():
     rng = np.random.default_rng(5)
     rising = {
@@ -294,3 +322,20 @@ def test_samples_by_experiment_groups_the_rows_of_each_run():
 
     table = pd.DataFrame({"id": ["b", "a", "b", "b"], "seed": [0, 0, 1, 2], "m": [0.5, 0.4, 0.6, 0.7]})
     assert samples_by_experiment(table, "m") == {"b": [0.5, 0.6, 0.7], "a": [0.4]}
+
+
+def test_the_noise_floor_counts_each_run_of_a_shared_config_once():
+    import pandas as pd
+
+    # exp01c and exp02a_03 are the same config (one run per seed), ref_paper another; exp01a has one run.
+    table = pd.DataFrame(
+        {
+            "id": ["exp01c"] * 3 + ["exp02a_03"] * 3 + ["ref_paper"] * 2 + ["exp01a"],
+            "config_hash": ["h"] * 6 + ["r"] * 2 + ["x"],
+            "seed": [0, 1, 2] * 2 + [0, 1] + [0],
+            "m": [0.50, 0.52, 0.54] * 2 + [0.60, 0.66] + [0.3],
+        }
+    )
+    samples = samples_by_configuration(table, "m", ["exp01c", "exp02a_03", "ref_paper"])
+    assert samples == {"h": [0.50, 0.52, 0.54], "r": [0.60, 0.66]}
+    assert noise_floor(samples).df == 3  # 2 + 1, not 2 + 2 + 1

@@ -17,7 +17,6 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
 
 from trm.analysis.plots import CELL_FALLBACK
 from trm.analysis.uncertainty import (
@@ -64,6 +63,17 @@ def judged_metric(metric: str, group_runs: Mapping[str, Sequence[float]], scale:
 def samples_by_experiment(table, metric: str, id_column: str = "id") -> dict[str, list[float]]:
     """One list of the metric's values per experiment id, from a table with one row per run (pandas)."""
     return {str(k): [float(v) for v in rows] for k, rows in table.groupby(id_column, sort=False)[metric]}
+
+
+def samples_by_configuration(
+    table, metric: str, ids: Sequence[str], config_column: str = "config_hash", run_column: str = "seed"
+) -> dict[str, list[float]]:
+    """The metric's values per distinct configuration of the given experiments, each run once: experiments with
+    equal configs share runs, which the noise floor must not count twice (pass it to uncertainty.noise_floor)."""
+    rows = table[table["id"].isin(list(ids))].drop_duplicates([config_column, run_column])
+    return {
+        str(k): [float(v) for v in values] for k, values in rows.groupby(config_column, sort=False)[metric]
+    }
 
 
 def sampling_puzzles(metric: str, test_puzzles: int | None) -> int | None:
@@ -126,6 +136,22 @@ def _best_is_one_of(criterion: dict, group: dict, summaries: dict[str, Summary])
     return INCONCLUSIVE, compared
 
 
+def _plain(x):
+    """A figure for JSON: None where it is not finite (unknown, unbounded), so the output stays standard JSON."""
+    return x if not isinstance(x, float) or math.isfinite(x) else None
+
+
+def _summary(s: Summary) -> dict:
+    return {
+        "mean": _plain(s.mean),
+        "sd": _plain(s.sd),
+        "n": s.n,
+        "low": _plain(s.low),
+        "high": _plain(s.high),
+        "source": s.source,
+    }
+
+
 def _comparison(a: str, b: str, j: Judgement) -> dict:
     d = j.difference
     return {
@@ -134,9 +160,9 @@ def _comparison(a: str, b: str, j: Judgement) -> dict:
         "claim": j.claim,
         "bound": j.bound,
         "difference": d.value,
-        "low": d.low,
-        "high": d.high,
-        "df": d.df,
+        "low": _plain(d.low),
+        "high": _plain(d.high),
+        "df": _plain(d.df),
         "verdict": j.verdict,
         "seeds_per_point": j.seeds,
     }
@@ -163,9 +189,7 @@ def judge_criterion(
     summaries = {m: summarize(samples.get(m, ()), floor, puzzles) for m in members}
     result = {
         "metric": metric,
-        "summaries": {
-            m: {k: v for k, v in asdict(s).items() if k != "components"} for m, s in summaries.items()
-        },
+        "summaries": {m: _summary(s) for m, s in summaries.items()},
         "comparisons": [],
     }
     missing = [m for m, s in summaries.items() if s.n == 0]

@@ -101,8 +101,10 @@ def noise_floor(samples: dict[str, Sequence[float]]) -> NoiseFloor | None:
 
 @dataclass(frozen=True)
 class Summary:
-    """One experiment's metric over its runs. `components` are the (variance, degrees of freedom) pairs whose sum
-    is the variance of `mean`; a difference combines them (Welch-Satterthwaite)."""
+    """One experiment's metric over its runs. `components` are the (variance, degrees of freedom, shared) terms
+    whose sum is the variance of `mean`; a difference combines them (Welch-Satterthwaite). `shared` is the noise
+    floor a term was estimated from (None for a term of this experiment's own): two runs judged against the same
+    floor share one estimate, whose degrees of freedom do not add up."""
 
     mean: float
     sd: float  # over seeds; NaN below 2 runs
@@ -110,14 +112,14 @@ class Summary:
     low: float
     high: float
     source: str
-    components: tuple[tuple[float, float], ...] = ()
+    components: tuple[tuple[float, float, NoiseFloor | None], ...] = ()
 
     @property
     def spread(self) -> float | None:
         """The standard deviation of one run: measured over seeds, else the noise floor's, else unknown (None)."""
         if self.n >= 2:
             return self.sd
-        floor = [math.sqrt(v) for v, df in self.components if not math.isinf(df)]
+        floor = [math.sqrt(v) for v, _, shared in self.components if shared is not None]
         return floor[0] if floor else None
 
 
@@ -142,16 +144,16 @@ def summarize(
     if n >= 2:
         sd = float(runs.std(ddof=1))
         half = t_quantile(n - 1) * sd / math.sqrt(n)
-        return Summary(mean, sd, n, mean - half, mean + half, SEEDS, ((sd * sd / n, n - 1),))
+        return Summary(mean, sd, n, mean - half, mean + half, SEEDS, ((sd * sd / n, n - 1, None),))
     components, below, above = [], [], []
     if floor is not None:
-        components.append((floor.sd**2, floor.df))
+        components.append((floor.sd**2, floor.df, floor))
         below.append(t_quantile(floor.df) * floor.sd)
         above.append(below[-1])
     if puzzles:
         low, high = wilson_interval(mean * puzzles, puzzles)
         z = t_quantile(math.inf)
-        components.append((((high - low) / (2 * z)) ** 2, math.inf))
+        components.append((((high - low) / (2 * z)) ** 2, math.inf, None))
         below.append(mean - low)
         above.append(high - mean)
     source = {(True, True): FLOOR_AND_SAMPLING, (True, False): FLOOR_ONLY, (False, True): SAMPLING_ONLY}.get(
@@ -186,17 +188,25 @@ def difference(a: Summary, b: Summary | float) -> Difference:
     Welch interval: variances of the means add, degrees of freedom by Welch-Satterthwaite. A one-run side
     contributes the noise floor and its sampling variance (conservative: both runs saw the same puzzles, which
     makes their sampling errors correlate and the true variance of the difference smaller)."""
-    components = list(a.components)
-    if isinstance(b, Summary):
-        components += b.components
-        value = a.mean - b.mean
-    else:
-        value = a.mean - float(b)
+    sides = [a] + ([b] if isinstance(b, Summary) else [])
+    value = a.mean - (b.mean if isinstance(b, Summary) else float(b))
+    if any(not side.components for side in sides):  # one run with no floor and no sampling: unknown
+        return Difference(value, math.inf, math.nan, -math.inf, math.inf)
+    terms = [term for side in sides for term in side.components]
+    # Terms of one shared noise floor are one estimate: their variances add, their degrees of freedom do not.
+    shared: dict[NoiseFloor, float] = {}
+    components = []
+    for v, df, floor in terms:
+        if floor is None:
+            components.append((v, df))
+        else:
+            shared[floor] = shared.get(floor, 0.0) + v
+    components += [(v, floor.df) for floor, v in shared.items()]
     variance = sum(v for v, _ in components)
     if variance == 0:
         return Difference(value, 0.0, math.inf, value, value)
-    spread = sum(v * v / df for v, df in components if not math.isinf(df))
-    df = variance * variance / spread if spread > 0 else math.inf
+    satterthwaite = sum(v * v / df for v, df in components if not math.isinf(df))
+    df = variance * variance / satterthwaite if satterthwaite > 0 else math.inf
     se = math.sqrt(variance)
     half = t_quantile(df) * se
     return Difference(value, se, df, value - half, value + half)
@@ -215,8 +225,12 @@ def seeds_per_arm(
     number. None when more than `limit` would be needed (an effect of 0 never is detected)."""
     if not sd > 0:
         return 2 if effect != 0 else None
+    if effect == 0:
+        return None
     standardized = abs(effect) / sd
-    for n in range(2, limit + 1):
+    # The t test never needs fewer runs than the normal approximation: start the search just below it.
+    start = max(2, math.floor(normal_seeds_per_arm(effect, sd, arms, confidence, power)))
+    for n in range(start, limit + 1):
         df = arms * (n - 1)
         noncentrality = standardized * math.sqrt(n / arms)
         critical = stats.t.ppf(0.5 + confidence / 2, df)
@@ -262,10 +276,11 @@ class Judgement:
         d = self.difference
         unit_name = f" {unit_name}" if unit_name else ""
         needs = {AT_LEAST: ">=", AT_MOST: "<=", WITHIN: "within ±"}[self.claim]
-        figures = (
-            f"difference {_number(d.value / unit)} ± {_number(d.half_width / unit)}{unit_name} "
-            f"(needs {needs} {_number(self.bound / unit)})"
-        )
+        if math.isfinite(d.half_width):
+            figures = f"difference {_number(d.value / unit)} ± {_number(d.half_width / unit)}{unit_name}"
+        else:
+            figures = f"difference {_number(d.value / unit)}{unit_name}, uncertainty unknown"
+        figures += f" (needs {needs} {_number(self.bound / unit)})"
         if self.verdict != INCONCLUSIVE:
             return f"{self.verdict}: {figures}"
         if self.spread is None:
