@@ -12,8 +12,10 @@ from scipy import stats
 
 from trm.analysis.judge import (
     CELL_CAVEAT,
+    add_summaries,
     judge_criterion,
     judged_metric,
+    noise_floors,
     samples_by_configuration,
     samples_by_experiment,
 )
@@ -339,3 +341,34 @@ def test_the_noise_floor_counts_each_run_of_a_shared_config_once():
     samples = samples_by_configuration(table, "m", ["exp01c", "exp02a_03", "ref_paper"])
     assert samples == {"h": [0.50, 0.52, 0.54], "r": [0.60, 0.66]}
     assert noise_floor(samples).df == 3  # 2 + 1, not 2 + 2 + 1
+
+
+def test_the_table_keeps_one_row_per_run_and_gains_each_experiments_summary():
+    import pandas as pd
+
+    table = pd.DataFrame(
+        {
+            "id": ["b", "b", "b", "a"],
+            "config_hash": ["h", "h", "h", "x"],
+            "seed": [0, 1, 2, 0],
+            "test_cell_accuracy": [0.50, 0.52, 0.54, 0.40],
+            "examples_per_second": [100.0, 110.0, 120.0, 90.0],
+        }
+    )
+    metrics = ["test_cell_accuracy", "examples_per_second"]
+    floors = noise_floors(table, metrics, ["b"])
+    assert floors["test_cell_accuracy"].sd == pytest.approx(0.02) and floors["examples_per_second"].df == 2
+    out = add_summaries(table, metrics, floors, test_puzzles=16)
+    assert len(out) == 4 and list(out["seed"]) == [0, 1, 2, 0]
+    b = out[out["id"] == "b"]
+    assert list(b["test_cell_accuracy_mean"]) == pytest.approx([0.52] * 3)
+    assert list(b["test_cell_accuracy_n"]) == [3, 3, 3]
+    assert set(b["test_cell_accuracy_interval"]) == {SEEDS}
+    half = 4.303 * 0.02 / math.sqrt(3)
+    assert b["test_cell_accuracy_high"].iloc[0] == pytest.approx(0.52 + half, rel=1e-3)
+    a = out[out["id"] == "a"].iloc[0]
+    assert (
+        a["test_cell_accuracy_interval"] == FLOOR_AND_SAMPLING
+        and a["examples_per_second_interval"] == FLOOR_ONLY
+    )
+    assert a["examples_per_second_high"] == pytest.approx(90.0 + 4.303 * 10.0, rel=1e-3)

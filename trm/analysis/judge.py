@@ -33,13 +33,13 @@ from trm.analysis.uncertainty import (
     Summary,
     judge,
     no_signal,
+    noise_floor,
     summarize,
 )
 
 # Metrics that are fractions of the test puzzles: a single run of them has a binomial sampling interval.
 TEST_FRACTIONS = ("test_exact_accuracy", "test_cell_accuracy", "test_exact_accuracy_raw")
 POINT = 0.01  # accuracies are fractions; differences of them are read in points
-SMOKE = "smoke"
 CELL_CAVEAT = (
     "exact accuracy is 0 for every run of the group at this scale: judged on {metric}, the metric the plots "
     "show; cell accuracy only hints at a trend, it does not measure solved puzzles"
@@ -52,7 +52,7 @@ def judged_metric(metric: str, group_runs: Mapping[str, Sequence[float]], scale:
     (`group_runs`: that exact accuracy's values per member, every run of the group); otherwise `metric`, no
     caveat."""
     fallback = CELL_FALLBACK.get(metric)
-    if scale != SMOKE or fallback is None:
+    if scale != "smoke" or fallback is None:
         return metric, ""
     values = [v for runs in group_runs.values() for v in runs]
     if all(v is None or not v == v or v == 0 for v in values):  # v == v is False for NaN
@@ -74,6 +74,42 @@ def samples_by_configuration(
     return {
         str(k): [float(v) for v in values] for k, values in rows.groupby(config_column, sort=False)[metric]
     }
+
+
+def noise_floors(
+    table, metrics: Sequence[str], reference_ids: Sequence[str], run_column: str = "seed"
+) -> dict[str, NoiseFloor | None]:
+    """Each metric's noise floor, pooled over the distinct configurations of the reference experiments (the
+    baselines, the reference runs) that have 2 or more seeds; None for a metric no such configuration measured."""
+    return {
+        m: noise_floor(samples_by_configuration(table, m, reference_ids, run_column=run_column))
+        for m in metrics
+    }
+
+
+# Per metric, the columns add_summaries writes: {metric}_mean, _sd, _n, _low, _high, _interval (the source).
+SUMMARY_FIELDS = {"mean": "mean", "sd": "sd", "n": "n", "low": "low", "high": "high", "interval": "source"}
+
+
+def add_summaries(
+    table,
+    metrics: Sequence[str],
+    floors: Mapping[str, NoiseFloor | None],
+    test_puzzles: int | None,
+    id_column: str = "id",
+):
+    """The table (one row per run, pandas) with, for each metric, its experiment's mean, sd, n, 95% interval and
+    the interval's source repeated on every row of the experiment; the rows stay one per run."""
+    out = table.copy()
+    for metric in metrics:
+        puzzles = sampling_puzzles(metric, test_puzzles)
+        summaries = {
+            k: summarize(v, floors.get(metric), puzzles)
+            for k, v in samples_by_experiment(table, metric, id_column).items()
+        }
+        for suffix, field in SUMMARY_FIELDS.items():
+            out[f"{metric}_{suffix}"] = [getattr(summaries[str(k)], field) for k in out[id_column]]
+    return out
 
 
 def sampling_puzzles(metric: str, test_puzzles: int | None) -> int | None:
