@@ -295,6 +295,7 @@ def test_monotonic_and_best_is_one_of_under_noise():
     assert verdict(criterion("best_is_one_of", members=["a", "d"]), rising)["verdict"] == NOT_SUPPORTED
     tied = {**rising, "b": runs(rng, 0.87, 0.01)}  # b and c differ by noise only
     assert verdict(criterion("best_is_one_of", members=["c"]), tied)["verdict"] == INCONCLUSIVE
+    assert verdict(criterion("best_is_one_of", members=list("abcd")), tied)["verdict"] == SUPPORTED
 
 
 def test_a_member_without_a_measured_run_is_not_enough_data():

@@ -148,11 +148,6 @@ def _compare(criterion: dict, summaries: dict[str, Summary]) -> list[tuple[str, 
     return [(a, b, judge(claim, bound, summaries[a], reference)) for a in criterion["members"]]
 
 
-def _hardest(judgements: list[Judgement]) -> Judgement:
-    """The inconclusive judgement that needs the most seeds (unknown or too many counts as the most)."""
-    return max(judgements, key=lambda j: math.inf if j.seeds is None else j.seeds)
-
-
 def _all_of(compared: list[tuple[str, str, Judgement]]) -> str:
     verdicts = [j.verdict for _, _, j in compared]
     if NOT_SUPPORTED in verdicts:
@@ -240,12 +235,15 @@ def judge_criterion(
         compared = _compare(criterion, summaries)
         verdict = _all_of(compared)
     unit, unit_name = (POINT, "points") if is_fraction(metric) else (1.0, "")
-    if verdict == INCONCLUSIVE:
-        undecided = [(a, b, j) for a, b, j in compared if j.verdict == INCONCLUSIVE]
-        a, b, j = next(c for c in undecided if c[2] is _hardest([u[2] for u in undecided]))
+    undecided = [c for c in compared if c[2].verdict == INCONCLUSIVE]
+    if verdict == INCONCLUSIVE and undecided:
+        # The difference that needs the most seeds (unknown or too many counts as the most) says what it takes.
+        a, b, j = max(undecided, key=lambda c: math.inf if c[2].seeds is None else c[2].seeds)
         detail = _line(a, b, j, unit, unit_name)
-    else:
+    elif compared:
         detail = "; ".join(_line(a, b, j, unit, unit_name) for a, b, j in compared)
+    else:
+        detail = "every member of the group is a candidate"
     return {
         **result,
         "verdict": verdict,
