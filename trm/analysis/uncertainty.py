@@ -272,7 +272,7 @@ class Judgement:
 
     def text(self, unit: float = 0.01, unit_name: str = "points") -> str:
         """The verdict in words, figures in `unit` (0.01 for accuracies: points), e.g. 'inconclusive: difference
-        -0.8 ± 2.1 points; about 7 seeds per point would resolve a difference of this size'."""
+        -2.0 ± 2.7 points (needs <= -1.0); about 12 seeds per point would resolve a difference of this size'."""
         d = self.difference
         unit_name = f" {unit_name}" if unit_name else ""
         needs = {AT_LEAST: ">=", AT_MOST: "<=", WITHIN: "within ±"}[self.claim]
