@@ -166,8 +166,8 @@ def test_sigint_and_sigterm_to_snakemake_stop_the_job_through_its_checkpoint_and
         assert proc.returncode == 128 + sig, output[-3000:]
         assert f"Interrupted by {sig.name}" in output and "Rerun the same command to resume" in output
         assert "Will exit after finishing currently running jobs" not in output
-        state = read_run(str(study.run_dir)).status["state"]
-        assert state == "preempted", (output[-3000:], log.read_text()[-3000:])  # its checkpoint saved; not failed
+        state = read_run(str(study.run_dir)).status["state"]  # preempted: its checkpoint saved; not failed
+        assert state == "preempted", (output[-3000:], log.read_text()[-3000:])
         assert "[launch] host exit codes: [42]" in log.read_text()
 
     # Snakemake SIGKILLed: its job's launcher notices and stops the trainer the same way; the lock stays.

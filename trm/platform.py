@@ -55,7 +55,7 @@ def choose_platform(environ: MutableMapping[str, str] = os.environ, dev: Path = 
 
 
 def local_platform(setting: str, dev: Path = Path("/dev")) -> str:
-    """"cpu" or "gpu": what the local launcher's hosts run on for the setting `launch.platform`."""
+    """ "cpu" or "gpu": what the local launcher's hosts run on for the setting `launch.platform`."""
     if setting not in LOCAL_PLATFORMS:
         raise UserError(f"launch.platform {setting!r}: expected one of {', '.join(LOCAL_PLATFORMS)}")
     if setting == "auto":
