@@ -185,6 +185,9 @@ def test_a_stopped_evaluation_with_a_subset_resumes_to_the_same_results(checkpoi
         _final_evaluation(checkpoint, run, SUBSET, stop=lambda b: calls.append(b) or len(calls) == stop_after)
         is None
     )
+    assert calls == list(
+        range(1, stop_after + 1)
+    )  # rising from pass to pass (a preemption sync point's steps)
     progress = json.loads((run / "test_time.progress.json").read_text())
     in_subset = stop_after > 6
     assert progress["key"]["rows"]["subset_size"] == (SUBSET if in_subset else None)

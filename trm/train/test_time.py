@@ -169,7 +169,7 @@ def run_test_time_evaluation(
 ) -> dict[int, dict] | None:
     """The results per count for every one of `counts`, evaluating only those not in the run's test_time.json
     yet, and write test_time.json (`summary` + the results, after each pass); None when `stop(n)` said to stop
-    after batch n of a pass (the progress is saved). With `subset` groups (fewer than the split's) the count
+    after the pass's batch that was the n-th this call evaluated, or continued from (the progress is saved). With `subset` groups (fewer than the split's) the count
     `headline` is the whole split's and every count is also scored on the subset (the curve); otherwise every
     count is the whole split's. `evaluator` is any Evaluator of the model (its compiled step is reused);
     `weights` from its put_weights; `summary` holds checkpoint_step and how the run was evaluated."""
@@ -180,13 +180,22 @@ def run_test_time_evaluation(
     passes = [(None, counts)] if curve is None else [(None, (headline,)), (curve, counts)]
     checkpoint_step = summary["checkpoint_step"]
     done = read_evaluation(run_dir, checkpoint_step)
+    last = 0  # the n of `stop(n)` rises from pass to pass: a multi-host preemption sync point needs that
     for rows, pass_counts in passes:
         missing = tuple(count for count in pass_counts if (rows, count) not in done)
         distributed.check_hosts_agree("the test-time counts left to evaluate", f"{rows}: {missing}")
         if missing:
             key = _progress_key(missing, rows, checkpoint_step, batch_size, jax.device_count())
             rows_split = split if rows is None else take_groups(split, subset_groups(_groups(split), *rows))
-            results = _evaluate_pass(evaluator, weights, rows_split, key, run_dir, writer, stop, heartbeat)
+
+            def pass_stop(batches: int, first: int = last) -> bool:
+                nonlocal last
+                last = first + batches
+                return stop(last)
+
+            results = _evaluate_pass(
+                evaluator, weights, rows_split, key, run_dir, writer, pass_stop, heartbeat
+            )
             if results is None:
                 return None
             done.update({(rows, result["steps"]): result for result in results})
