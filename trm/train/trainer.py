@@ -321,9 +321,7 @@ class Trainer:
         return record
 
     def _final_evaluation(self, state: TrainState) -> dict | None:
-        """The whole test split at train.eval_steps, and every --test-time-steps count on the whole split in the
-        same pass or on --test-time-subset groups of it, written to test_time.json (trm/train/test_time.py); the
-        figures at train.eval_steps (the whole split's), or None when stopped."""
+        """test_time.json (trm/train/test_time.py); the whole test split's figures at eval_steps, or None if stopped."""
         tc = self.train_cfg
         self.status.write("running", step=self.total_steps, epoch=self.batches.epoch_at(self.total_steps))
         results = run_test_time_evaluation(
