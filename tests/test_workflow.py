@@ -258,7 +258,7 @@ def test_estimate_matches_the_spec_flops_of_a_paper_baseline_run():
     # The evaluations as the trainer runs them: 9 intermediate ones on eval_subset = 8192 puzzles (2 batches of
     # 6144 rows) to eval_steps = 16, and one pass over the whole test split (69 batches) to 128 steps.
     passes = evaluation_passes(baseline, 423_168, (16, 32, 64, 128))
-    assert passes == {"intermediate": (9, 12_288, 16), "final": (1, 69 * 6144, 128)}
+    assert passes == {"intermediate": (9, 12_288, 16), "final": (1, 69 * 6144, 128), "test_time": (0, 0, 0)}
     forward = costs["eval_flops_per_example_step"]
     assert (
         evaluation_flops(baseline, costs, 423_168, (16, 32, 64, 128))

@@ -9,7 +9,8 @@ A run dir is a local path, file:// or gs:// URL; the study names it by its confi
   status.json       the trainer's state, progress and heartbeat (trm/run/state.py)
   launch.json       the launcher's state (trm/run/state.py)
   lease.json        which launcher trains the run now (trm/run/lease.py); lease.lock beside it on local paths
-  test_time.json    the final evaluation at every test-time step count (`trm evaluate --out`'s JSON)
+  test_time.json    the final evaluation at every test-time step count (`trm evaluate --out`'s JSON, and which
+                    rows each count was scored on)
   test_time.progress.json   its sums so far, also saved at its end: to continue it (trm/train/test_time.py)
   final.json        the final evaluation and the run's summary
   provenance.json   where imported weights came from (`trm import-torch`)

@@ -42,11 +42,13 @@ class Trainer:
         host_log: HostLog | None = None,
         test_time_steps: tuple[int, ...] = (),
         timings: Timings | None = None,
+        test_time_subset: int | None = None,
     ) -> None:
         self.timings = timings or Timings()
         self.config = config
         self.data_url = data_url
         self.test_time_steps = test_time_steps
+        self.test_time_subset = test_time_subset
         self.run_dir = run_dir
         self.log_every = log_every
         self.train_cfg = config["train"]
@@ -319,8 +321,7 @@ class Trainer:
         return record
 
     def _final_evaluation(self, state: TrainState) -> dict | None:
-        """The whole test split at train.eval_steps and every --test-time-steps count in one pass, written to
-        test_time.json (trm/train/test_time.py); the figures at train.eval_steps, or None when stopped."""
+        """test_time.json (trm/train/test_time.py); the whole test split's figures at eval_steps, or None if stopped."""
         tc = self.train_cfg
         self.status.write("running", step=self.total_steps, epoch=self.batches.epoch_at(self.total_steps))
         results = run_test_time_evaluation(
@@ -341,6 +342,8 @@ class Trainer:
             writer=self.is_writer,
             stop=lambda batches: self._stop_requested(self.total_steps + batches),
             heartbeat=lambda: self.status.heartbeat(step=self.total_steps),
+            headline=tc["eval_steps"],
+            subset=self.test_time_subset if self.test_time_steps else None,
         )
         return None if results is None else results[tc["eval_steps"]]
 

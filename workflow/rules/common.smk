@@ -27,6 +27,7 @@ from trm.study.estimate import (
     accelerator_hours,
     compiled_run_hours,
     compiled_step_seconds,
+    describe_evaluation,
     evaluation_flops,
     evaluation_passes,
     training_flops,
@@ -195,6 +196,7 @@ REFERENCES = [exp.id for exp in PLAN.values() if exp.group == REFERENCE_GROUP]
 DATASETS = sorted({exp.dataset for exp in PLAN.values()})
 SOFTWARE = "../envs/trm.yaml"  # every rule's conda environment (relative to the rule files)
 TEST_TIME_STEPS = ",".join(map(str, config["test_time_steps"][config["scale"]]))
+TEST_TIME_SUBSET = config["test_time_subset"][config["scale"]]  # None: the test-time curve on the whole split
 # XLA's CPU work on one thread per job, set in Snakemake's environment, which every job inherits (not in the
 # commands: a changed command would make Snakemake rerun finished jobs).
 one_thread_per_job()
@@ -253,13 +255,17 @@ def _estimates():
     hours, compiled = {}, set()
     for exp in PLAN.values():
         if seconds := _compiled_seconds(exp):
-            hours[exp.id] = compiled_run_hours(exp.config, seconds, job_devices(exp.id), test_puzzles, steps)
+            hours[exp.id] = compiled_run_hours(
+                exp.config, seconds, job_devices(exp.id), test_puzzles, steps, TEST_TIME_SUBSET
+            )
             compiled.add(exp.id)
             continue
         costs = cache.costs(exp.hash, exp.config)
         flops = {
             "training": training_flops(exp.config, costs),
-            "evaluation": evaluation_flops(exp.config, costs, test_puzzles, steps, job_devices(exp.id)),
+            "evaluation": evaluation_flops(
+                exp.config, costs, test_puzzles, steps, job_devices(exp.id), TEST_TIME_SUBSET
+            ),
         }
         hours[exp.id] = {k: accelerator_hours(v, accel["peak_flops"], accel["utilization"]) for k, v in flops.items()}
     cache.save()
@@ -343,6 +349,8 @@ def train_command(exp):
     launch = job_launch(exp.id)
     train_args = ["--config", config_file(exp.id), "--data", dataset_url(exp.dataset), "--run-dir", run_url(exp.id)]
     train_args += ["--test-time-steps", TEST_TIME_STEPS]
+    if TEST_TIME_SUBSET is not None:
+        train_args += ["--test-time-subset", str(TEST_TIME_SUBSET)]
     launch_args = ["--backend", config["launch"]["backend"], "--hosts", launch["hosts"], "--devices-per-host", launch["devices_per_host"]]
     if config["launch"]["backend"] == "tpu-vm":
         launch_args += tpu_options.flags(launch["tpu"])
@@ -362,14 +370,10 @@ def estimate_message(wildcards):
     if first != wildcards.exp:
         return f"train {wildcards.exp}: same config as {first}, whose run it collects (no training)"
     hours = ESTIMATED_HOURS[wildcards.exp]
+    steps = config["test_time_steps"][config["scale"]]
     passes = evaluation_passes(
-        PLAN[wildcards.exp].config,
-        TEST_PUZZLES[config["scale"]],
-        config["test_time_steps"][config["scale"]],
-        job_devices(wildcards.exp),
+        PLAN[wildcards.exp].config, TEST_PUZZLES[config["scale"]], steps, job_devices(wildcards.exp), TEST_TIME_SUBSET
     )
-    count, rows, steps = passes["intermediate"]
-    _, final_rows, final_steps = passes["final"]
     devices = job_devices(wildcards.exp)
     source = (
         "at its compiled steps' roofline times, a best case"
@@ -380,8 +384,7 @@ def estimate_message(wildcards):
         f"train {wildcards.exp}: estimated on the job's {devices} devices, {source}\n"
         f"    training:   {hours['training']:.4g} {_DEVICE_HOURS} ({hours['training'] / devices:.3g} h on them)\n"
         f"    evaluation: {hours['evaluation']:.4g} {_DEVICE_HOURS} ({hours['evaluation'] / devices:.3g} h on them): "
-        f"{count} x {rows} rows x {steps} steps during training, {final_rows} rows x {final_steps} steps at the end "
-        f"(every test_time_steps count {TEST_TIME_STEPS} in one pass)"
+        f"{describe_evaluation(passes, steps)}"
     )
 
 

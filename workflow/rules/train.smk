@@ -1,8 +1,9 @@
 # Training and evaluation, one job per experiment. Each job trains the resolved config the plan wrote
-# (RESULTS/configs/<hash>.json) and, as its last phase on the same hosts, evaluates the whole test split at every
-# test_time_steps count (trm/train/test_time.py); the run dir (checkpoints, evaluation) lives in storage under that
-# hash. The local outputs are small copies made only after the run's _SUCCESS marker, so a failed or preempted job
-# leaves nothing that looks complete, and rerunning it resumes where it stopped (training or evaluation).
+# (RESULTS/configs/<hash>.json) and, as its last phase on the same hosts, evaluates the whole test split at
+# train.eval_steps and every test_time_steps count on test_time_subset puzzles (trm/train/test_time.py); the run
+# dir (checkpoints, evaluation) lives in storage under that hash. The local outputs are small copies made only
+# after the run's _SUCCESS marker, so a failed or preempted job leaves nothing that looks complete, and rerunning it
+# resumes where it stopped (training or evaluation).
 
 
 rule train:
