@@ -22,8 +22,6 @@ report: "workflow/report/workflow.rst"
 # Small jobs run on the controller under any executor; datasets and training (with evaluation) go to the executor.
 localrules:
     all,
-    evaluate,
-    run_metrics,
     aggregate,
     verdicts,
     plot_group,

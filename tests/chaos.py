@@ -71,7 +71,7 @@ class Study:
     def command(self) -> list[str]:
         targets = [
             "results/smoke/table.csv",
-            *(f"results/smoke/runs/{e}/final.json" for e in self.experiments),
+            *(f"results/smoke/runs/{e}.json" for e in self.experiments),
         ]
         return [SNAKEMAKE, "--profile", str(self.profile), "--cores", "4", *targets]
 
@@ -116,13 +116,15 @@ def fingerprint(study: Study) -> dict:
     table's columns that measure no time."""
     out = {}
     for exp in study.experiments:
-        run = study.results / "runs" / exp
-        final = json.loads((run / layout.FINAL).read_text())
+        run = study.run_dirs[exp]
+        final = json.loads(storage.read_text(layout.path(run, layout.FINAL)))
         keep = ("params_sha256", "ema_sha256", "hosts_params_sha256", "hosts_ema_sha256", "test", "best_test")
-        records = [json.loads(line) for line in (run / layout.METRICS).read_text().splitlines()]
+        records = [
+            json.loads(line) for line in storage.read_text(layout.path(run, layout.METRICS)).splitlines()
+        ]
         out[exp] = {
             "final": {key: final[key] for key in keep},
-            "test_time": json.loads((run / layout.TEST_TIME).read_text())["results"],
+            "test_time": json.loads(storage.read_text(layout.path(run, layout.TEST_TIME)))["results"],
             "metrics": [{k: v for k, v in r.items() if not k.endswith("_per_s")} for r in records],
         }
     with open(study.results / "table.csv") as stream:

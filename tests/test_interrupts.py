@@ -151,7 +151,7 @@ def _stop_steps(host_log: Path) -> list[int]:
 def test_sigint_and_sigterm_to_snakemake_stop_the_job_through_its_checkpoint_and_a_rerun_resumes(study):
     marker = uuid.uuid4().hex
     env = _environment(marker)
-    target = f"results/smoke/runs/{EXPERIMENT}/final.json"
+    target = f"results/smoke/runs/{EXPERIMENT}.json"
     log = study.root / f"results/smoke/logs/train/{EXPERIMENT}.log"
     for attempt, sig in enumerate((signal.SIGINT, signal.SIGTERM), start=1):
         proc = subprocess.Popen(

@@ -18,7 +18,6 @@ from trm.errors import UserError
 from trm.launch import slice_ledger, tpu_options
 from trm.launch.accelerators import step_hash
 from trm.launch.local import one_thread_per_job
-from trm.run import layout
 from trm.storage import GCS_SCHEMES, check_url, write_text
 from trm.storage import join as url_join
 from trm.study import interrupts
@@ -310,16 +309,6 @@ def first_with_same_run(exp_id):
     return FIRST_WITH_HASH[PLAN[exp_id].hash]
 
 
-def same_run_trained_first(wildcards):
-    first = first_with_same_run(wildcards.exp)
-    return [] if first == wildcards.exp else [os.path.join(RESULTS, "runs", first, layout.FINAL)]
-
-
-def shared_evaluation(wildcards):
-    """The test-time evaluation of the run an experiment shares (made by the first experiment with that run)."""
-    return os.path.join(RESULTS, "eval", f"{first_with_same_run(wildcards.exp)}-steps.json")
-
-
 def dataset_url(dataset):
     return url_join(STORAGE, "datasets", dataset)
 
@@ -397,3 +386,18 @@ def build_flags(wildcards):
     puzzles, num_aug = parse_dataset_name(wildcards.dataset)
     source = os.path.join(RESULTS, "pool") if config["scale"] == "smoke" else config["source"]
     return ["--source", source, "--subsample-size", puzzles, "--num-aug", num_aug, "--seed", config["seed"]]
+
+
+# ------------------------------------------------------------------ run summaries (`trm summarize`, rule train)
+
+
+def run_summary(exp_id):
+    """The local summary of an experiment's run: the train job's one output, what the table reads of the run."""
+    return os.path.join(RESULTS, "runs", f"{exp_id}.json")
+
+
+def same_run_trained_first(wildcards):
+    """Nothing, or the summary of the first experiment sharing this one's run: its job trains the run, after
+    which this one's job only summarises it."""
+    first = first_with_same_run(wildcards.exp)
+    return [] if first == wildcards.exp else [run_summary(first)]
