@@ -16,7 +16,7 @@ A run dir is a local path, file:// or gs:// URL; the study names it by its confi
   provenance.json   where imported weights came from (`trm import-torch`)
   _SUCCESS          written last: the run finished
 
-`trm collect-run` copies COLLECTED into a local folder of the same layout (final.json last).
+`trm summarize` reads config.json, metrics.jsonl, test_time.json and final.json of a finished run.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ TEST_TIME_PROGRESS = "test_time.progress.json"
 FINAL = "final.json"
 PROVENANCE = "provenance.json"
 SUCCESS = "_SUCCESS"
-COLLECTED = (CONFIG, METRICS, TEST_TIME, FINAL)  # final.json last: its presence marks a complete copy
 
 
 def path(run_dir: str, name: str) -> str:
