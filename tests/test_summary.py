@@ -150,6 +150,7 @@ def test_pooled_variance_equals_the_variance_of_every_row():
     resumed = {**_train(2, [1, 2], 1.0), "steps_variance": None}  # resumed from sums without their squares
     assert _pooled_variance([_train(1, [1, 2], 1.0), resumed]) is None
     assert _pooled_variance([]) is None
+    assert _pooled_variance([{"count": 0, "steps": 0.0, "steps_variance": 0.0}]) is None  # no row halted
 
 
 def test_best_evaluation_is_the_highest_and_the_latest_among_equals():
