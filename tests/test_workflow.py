@@ -363,7 +363,7 @@ def _relaunch_for_a_missing_count_and_share_a_run(workdir: Path) -> None:
     counts = "test_time_steps={smoke: [8, 16, 32], paper: [16, 32, 64, 128]}"
     config = ["--config", "experiments=[exp04a_100,exp01c,exp04a_1000]", counts]
     run = subprocess.run(
-        [SNAKEMAKE, "--cores", "2", *config, *summaries],
+        [SNAKEMAKE, "--cores", "2", *summaries, *config],
         cwd=workdir,
         capture_output=True,
         text=True,
@@ -372,12 +372,12 @@ def _relaunch_for_a_missing_count_and_share_a_run(workdir: Path) -> None:
     assert run.returncode == 0, run.stderr[-4000:]
     relaunched = json.loads((workdir / summaries[0]).read_text())
     assert [r["steps"] for r in relaunched["test_time"]] == [8, 16, 32]
-    run_dir = results / "../storage/smoke/runs" / relaunched["config_hash"]
+    run_dir = workdir / "results/storage/smoke/runs" / relaunched["config_hash"]
     host_log = (run_dir / "logs/host-0.log").read_text()
     assert host_log.count("test-time evaluation of step counts 16,32") == 1
     assert host_log.count("test-time evaluation of step counts 8\n") == 1  # only the missing count
     first, second = ((workdir / path).read_text() for path in summaries[1:])
     assert first == second and json.loads(first)["config"] == plan_study("smoke", ["exp01c"])[0].config
     logs = [(results / f"logs/train/{exp}.log").read_text() for exp in ("exp01c", "exp04a_1000")]
-    assert "the run has not finished" in logs[0] and "trm launch" in logs[0]
-    assert "summarised" in logs[1] and "trm launch" not in logs[1]  # the shared run trained once
+    assert "the run has not finished" in logs[0] and "[host 0]" in logs[0]
+    assert "summarised" in logs[1] and "[host 0]" not in logs[1]  # the shared run trained once
