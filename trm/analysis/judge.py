@@ -36,9 +36,11 @@ from trm.analysis.uncertainty import (
     noise_floor,
     summarize,
 )
+from trm.study.metrics import RUN_METRICS
 
-# Metrics that are fractions of the test puzzles: a single run of them has a binomial sampling interval.
-TEST_FRACTIONS = ("test_exact_accuracy", "test_cell_accuracy", "test_exact_accuracy_raw")
+# Metrics that are fractions of the whole test split's puzzles: a single run of them has a binomial sampling
+# interval.
+TEST_FRACTIONS = ("test_exact_accuracy", "test_cell_accuracy")
 POINT = 0.01  # accuracies are fractions; differences of them are read in points
 CELL_CAVEAT = (
     "exact accuracy is 0 for every run of the group at this scale: judged on {metric}, the metric the plots "
@@ -119,7 +121,8 @@ def sampling_puzzles(metric: str, test_puzzles: int | None) -> int | None:
 
 
 def is_fraction(metric: str) -> bool:
-    return "accuracy" in metric or metric == "train_test_gap"
+    """Whether the metric is a fraction (its differences read in points): its unit in trm/study/metrics.py."""
+    return RUN_METRICS[metric].unit.startswith("fraction")
 
 
 def needed_members(criterion: dict, group: dict) -> list[str]:
