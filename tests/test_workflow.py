@@ -375,7 +375,7 @@ def _relaunch_for_a_missing_count_and_share_a_run(workdir: Path) -> None:
     run_dir = workdir / "results/storage/smoke/runs" / relaunched["config_hash"]
     host_log = (run_dir / "logs/host-0.log").read_text()
     assert host_log.count("test-time evaluation of step counts 16,32") == 1
-    assert host_log.count("test-time evaluation of step counts 8\n") == 1  # only the missing count
+    assert host_log.count("test-time evaluation of step counts 8 ") == 1  # only the missing count
     first, second = ((workdir / path).read_text() for path in summaries[1:])
     assert first == second and json.loads(first)["config"] == plan_study("smoke", ["exp01c"])[0].config
     logs = [(results / f"logs/train/{exp}.log").read_text() for exp in ("exp01c", "exp04a_1000")]
