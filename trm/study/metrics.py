@@ -177,7 +177,6 @@ RUN_METRICS = _by_key(
     ),
 )
 SUMMARY_METRICS = tuple(key for key, metric in RUN_METRICS.items() if metric.source == "run")
-TABLE_COMPUTED = tuple(key for key, metric in RUN_METRICS.items() if metric.source == "table")
 
 CURVE_METRICS = _by_key(
     Metric(
@@ -242,11 +241,3 @@ TEST_TIME_METRICS = _by_key(
 # What a plot's axis or a criterion may name besides config keys (a plot's x may also be `member`).
 PLOT_METRICS = {**RUN_METRICS, "epoch": CURVE_METRICS["epoch"]}
 CRITERION_METRICS = RUN_METRICS
-
-
-def axis_label(key: str) -> str:
-    """The axis label of a metric of any of the three tables, e.g. 'test exact accuracy (fraction of puzzles)'."""
-    for metrics in (RUN_METRICS, CURVE_METRICS, TEST_TIME_METRICS):
-        if key in metrics:
-            return metrics[key].axis_label
-    raise KeyError(key)
