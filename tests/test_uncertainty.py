@@ -296,6 +296,10 @@ def test_monotonic_and_best_is_one_of_under_noise():
     tied = {**rising, "b": runs(rng, 0.87, 0.01)}  # b and c differ by noise only
     assert verdict(criterion("best_is_one_of", members=["c"]), tied)["verdict"] == INCONCLUSIVE
     assert verdict(criterion("best_is_one_of", members=list("abcd")), tied)["verdict"] == SUPPORTED
+    # Where lower is better (trm/study/metrics.py), the best is the lowest.
+    fastest = criterion("best_is_one_of", members=["d"], metric="step_time_s")
+    assert verdict(fastest, rising)["verdict"] == SUPPORTED
+    assert verdict({**fastest, "members": ["c"]}, rising)["verdict"] == NOT_SUPPORTED
 
 
 def test_a_member_without_a_measured_run_is_not_enough_data():

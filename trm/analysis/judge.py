@@ -8,7 +8,7 @@ The check kinds as claims about differences (d = member - reference, each member
     at_least        d >= margin                         at_most    d <= margin
     within          |d| <= tolerance                    monotonic  each step against `direction` <= tolerance
     best_is_one_of  some candidate is clearly at least every other member (not supported: some other member is
-                    clearly above every candidate)
+                    clearly above every candidate); at most and below where lower is better (trm/study/metrics.py)
 A reference of several members is the one with the highest mean (its selection is not corrected for).
 """
 
@@ -159,9 +159,11 @@ def _all_of(compared: list[tuple[str, str, Judgement]]) -> str:
 
 
 def _best_is_one_of(criterion: dict, group: dict, summaries: dict[str, Summary]) -> tuple[str, list]:
+    """Best: the highest, or the lowest where lower is better (trm/study/metrics.py)."""
     candidates = criterion["members"]
     others = [m for m in group["members"] if m not in candidates]
-    pairs = {(c, o): judge(AT_LEAST, 0, summaries[c], summaries[o]) for c in candidates for o in others}
+    claim = AT_LEAST if RUN_METRICS[criterion["metric"]].higher_is_better else AT_MOST
+    pairs = {(c, o): judge(claim, 0, summaries[c], summaries[o]) for c in candidates for o in others}
     compared = [(c, o, j) for (c, o), j in pairs.items()]
     if any(all(pairs[c, o].verdict == SUPPORTED for o in others) for c in candidates):
         return SUPPORTED, compared
