@@ -45,19 +45,12 @@ onstart:
 
 # At the end of a TPU study, failed or not: the slices it created that still exist (they bill until deleted), each
 # with the command that deletes it (trm/launch/slice_ledger.py).
-def report_leftover_slices():
-    if config["launch"]["backend"] == "tpu-vm":
-        pools = [job_launch(exp_id)["tpu"] for exp_id in [None, *PLAN]]
-        lock_dirs = [os.path.expanduser(pool["lock_dir"]) for pool in pools]
-        slice_ledger.report_leftovers(lock_dirs, pools[0]["gcloud_timeout_seconds"])
-
-
 onsuccess:
-    report_leftover_slices()
+    slice_ledger.report_study(config["launch"]["backend"], [job_launch(exp_id)["tpu"] for exp_id in [None, *PLAN]])
 
 
 onerror:
-    report_leftover_slices()
+    slice_ledger.report_study(config["launch"]["backend"], [job_launch(exp_id)["tpu"] for exp_id in [None, *PLAN]])
     interrupts.exit_if_interrupted()
 
 

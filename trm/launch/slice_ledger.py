@@ -95,3 +95,11 @@ def report_leftovers(lock_dirs: Iterable[Path], timeout_s: float, out=sys.stderr
             print(f"  {record['name']} ({record['accelerator_type']}, {record['zone']}): {state}", file=out)
             print(f"    delete: {delete_command(record)}", file=out)
     return left
+
+
+def report_study(backend: str, pools: list[dict]) -> None:
+    """The workflow's end (Snakefile onsuccess/onerror): `report_leftovers` over the lock folders of every pool
+    of the study (each job's merged `launch.tpu`), for a tpu-vm study."""
+    if backend == "tpu-vm":
+        lock_dirs = [Path(pool["lock_dir"]).expanduser() for pool in pools]
+        report_leftovers(lock_dirs, pools[0]["gcloud_timeout_seconds"])
