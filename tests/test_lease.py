@@ -17,9 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
-from test_trainer import TINY, _easy_csv, _sets, _staged
+from tiny_run import TINY, set_flags
 
 from trm import storage
+from trm.config import BASE_CONFIG
 from trm.errors import UserError
 from trm.gcs import StorageUnavailable
 from trm.run.lease import Lease, LeaseHeld
@@ -187,20 +188,13 @@ def test_a_lease_that_is_not_a_record_is_named(tmp_path):
 # ----------------------------------------------------------------------------------------------- trm launch
 
 
-@pytest.fixture(scope="module")
-def easy_data(tmp_path_factory) -> str:
-    tmp = tmp_path_factory.mktemp("lease-data")
-    _easy_csv(tmp / "easy.csv", puzzles=60, blanks=6, seed=0)
-    return _staged(tmp, str(tmp / "easy.csv"), num_aug=4)
-
-
 # 48 train groups x 10 epochs / 8 = 60 steps, a checkpoint every 10.
 SHORT = {"train.epochs": 10, "train.eval_interval": 10, "train.checkpoint_every_steps": 10}
 
 
 def _launch(data: str, run_dir: str, *flags: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "trm.cli", "launch", *flags, "--", "--config", "config/base.yaml"]
-    command += ["--data", data, "--run-dir", run_dir, *_sets({**TINY, **SHORT})]
+    command = [sys.executable, "-m", "trm.cli", "launch", *flags, "--", "--config", str(BASE_CONFIG)]
+    command += ["--data", data, "--run-dir", run_dir, *set_flags({**TINY, **SHORT})]
     return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

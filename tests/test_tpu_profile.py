@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from fake_tpu import gcloud_calls, tpu_test_profile, wait_until_exited
-from test_workflow import estimates
+from workflow_support import estimates
 
 from trm import storage
 from trm.run import layout
