@@ -22,6 +22,8 @@ from trm.train.step import Model
 from trm.train.test_time import run_test_time_evaluation
 from trm.train.weights import load_weights
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -218,6 +218,7 @@ def _finished_once(run_dir: str, attempts: int) -> None:
     assert _record(run_dir) is None
 
 
+@pytest.mark.slow
 def test_of_two_simultaneous_launches_one_trains_and_the_other_names_it(storage_root, easy_data):
     run_dir = storage.join(storage_root, "run")
     launches = [_launch(easy_data, run_dir), _launch(easy_data, run_dir)]
@@ -254,6 +255,7 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 def test_a_launcher_killed_and_restarted_continues_its_run_at_once(storage_root, easy_data):
     """SIGKILL to the launcher and its trainer (as when its machine's job is killed), then the same command
     again: the dead holder's lease is taken over at once, though the staleness limit is 600 s."""
@@ -277,6 +279,7 @@ def test_a_launcher_killed_and_restarted_continues_its_run_at_once(storage_root,
     _finished_once(run_dir, attempts=2)
 
 
+@pytest.mark.slow
 def test_a_launch_takes_over_a_stale_lease_and_says_so(storage_root, easy_data):
     run_dir = storage.join(storage_root, "run")
     holder = _holder_process(run_dir, stale_after_s=600)
@@ -297,6 +300,7 @@ def test_a_launch_takes_over_a_stale_lease_and_says_so(storage_root, easy_data):
     _finished_once(run_dir, attempts=1)
 
 
+@pytest.mark.slow
 def test_a_launch_that_loses_its_lease_kills_its_trainers_and_fails(storage_root, easy_data):
     """Another launcher takes the lease over (here one whose staleness limit every lease exceeds): the running
     launcher's next renewal finds it, kills its trainers at once and exits 1, naming the new holder."""

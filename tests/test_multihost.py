@@ -21,6 +21,8 @@ from tiny_run import TINY, set_flags, tiny_config
 from trm.config import BASE_CONFIG
 from trm.launch.local import free_port, host_environment
 
+pytestmark = [pytest.mark.multihost, pytest.mark.slow]
+
 REPO = Path(__file__).resolve().parents[1]
 # 48 train groups x 2 epochs / 8 = 12 steps per evaluation interval, 24 steps in all; exploration on.
 # Two supervision steps per puzzle: 16 would unroll the untrained recurrence so deeply that float rounding

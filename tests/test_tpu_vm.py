@@ -26,6 +26,7 @@ from trm.config import BASE_CONFIG
 from trm.run.lease import Lease
 from trm.run.lifetime import ENV_CONTROLLER_PID
 
+pytestmark = [pytest.mark.tpu, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]
 SLICE = "trm-test-a"
 # 48 train groups x 8 epochs / 8 = 48 steps, a checkpoint every 4: long enough to preempt mid-run.

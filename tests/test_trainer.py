@@ -18,6 +18,8 @@ from trm.cli import main as trm
 from trm.config import BASE_CONFIG
 from trm.run.state import read_run
 
+pytestmark = pytest.mark.slow
+
 
 def _train_cmd(data: str, run_dir: Path, cache: Path, extra: dict) -> list[str]:
     return [

@@ -30,6 +30,8 @@ from trm.study.groups import load_groups
 from trm.study.plan import dataset_name, plan_study
 from trm.study.scale import SMOKE, SMOKE_POOL
 
+pytestmark = pytest.mark.workflow
+
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
