@@ -141,6 +141,7 @@ def test_a_dead_holder_on_this_machine_is_taken_over_at_once(storage_root):
     assert any(f"process {holder.pid} " in m and "no longer exists on this machine" in m for m in messages)
 
 
+@pytest.mark.slow
 def test_a_stale_holder_is_taken_over_and_stops_when_it_wakes(storage_root):
     """A holder that stops renewing (a hung launcher: SIGSTOP) loses its lease after the staleness limit; when it
     runs again, its next renewal finds the new holder and reports the lease lost."""
@@ -165,6 +166,7 @@ def test_a_stale_holder_is_taken_over_and_stops_when_it_wakes(storage_root):
     assert _record(run_dir)["job"] == taker.holder.job  # the loser released nothing of the new holder's
 
 
+@pytest.mark.slow
 def test_unusable_storage_is_one_line_naming_the_lease(tmp_path, monkeypatch, closed_gcs_endpoint):
     (tmp_path / "file").write_text("")
     with pytest.raises(
