@@ -14,7 +14,6 @@ import csv
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fake_tpu import node_pids, tpu_test_profile
+from workflow_support import copy_workflow
 
 from trm import storage
 from trm.run import layout
@@ -42,15 +42,6 @@ EXPERIMENT = {
 TEST_TIME_STEPS = [2, 4]
 # Table columns that measure time or speed: they differ between any two runs.
 TIMED_COLUMNS = ("examples_per_second", "step_time_s", "wall", "seconds", "elapsed", "_per_s", "hours")
-
-
-def copy_workflow(root: Path) -> Path:
-    """`root` (created) holding a copy of the workflow and its config, to edit and run in isolation."""
-    root.mkdir(parents=True)
-    shutil.copy(REPO / "Snakefile", root)
-    for folder in ("workflow", "config", "profiles"):
-        shutil.copytree(REPO / folder, root / folder)
-    return root
 
 
 @dataclass

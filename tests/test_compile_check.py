@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from trm.config import experiment_path, load_config
@@ -106,6 +107,7 @@ def test_roofline_is_the_slower_of_compute_and_memory_and_plans_a_run_from_it(tm
     }
 
 
+@pytest.mark.slow
 def test_dry_run_uses_compiled_steps_where_they_exist_and_says_which(workdir, tmp_path):
     config = load_config(experiment_path("exp06_a"))
     compiled = workdir / "results" / "compile" / "v4-64" / f"{step_hash(config)}.json"

@@ -12,12 +12,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from fake_tpu import gcloud_calls, tpu_test_profile, wait_until_exited
-from test_workflow import estimates
+from workflow_support import estimates
 
 from trm import storage
 from trm.run import layout
 from trm.study.plan import run_dir_of
+
+pytestmark = [pytest.mark.tpu, pytest.mark.workflow, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))

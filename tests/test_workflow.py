@@ -21,12 +21,15 @@ from snakemake.settings.types import (
     Quietness,
     ResourceSettings,
 )
+from workflow_support import estimates
 
 from trm.config import config_hash, dump_config, load_config
 from trm.study.estimate import evaluation_flops, evaluation_passes, model_costs, training_flops
 from trm.study.groups import load_groups
 from trm.study.plan import dataset_name, plan_study
 from trm.study.scale import SMOKE, SMOKE_POOL
+
+pytestmark = pytest.mark.workflow
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -89,18 +92,6 @@ def test_one_experiment_by_output_path_or_config_and_one_group(workdir):
     }
     assert planned_jobs(workdir, {"groups": ["exp04a"]})["train"] == 6 + 1  # and the reference
     assert planned_jobs(workdir, {"groups": ["exp04a"]})["build_dataset"] == 6
-
-
-def estimates(output: str, part: str) -> dict[str, float]:
-    """Per job of a dry run's output: the device-hours on its line labelled `part` (training or evaluation),
-    one of the two lines after the job's "train EXP: estimated" line."""
-    lines = output.splitlines()
-    found = {}
-    for i, line in enumerate(lines):
-        if ": train " in line and ": estimated on" in line:
-            (labelled,) = [x for x in lines[i + 1 : i + 3] if x.strip().startswith(f"{part}:")]
-            found[line.split("train ")[1].split(":")[0]] = float(labelled.split(":")[1].split()[0])
-    return found
 
 
 def test_dry_run_prints_estimated_training_and_evaluation_hours_per_job(workdir):

@@ -13,6 +13,8 @@ import pytest
 from trm.errors import UserError
 from trm.study.plan import check_batches, plan_study, plan_study_cached
 
+pytestmark = pytest.mark.workflow
+
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 PROFILE = ["--profile", "profiles/tpu-v4-64"]

@@ -19,6 +19,8 @@ import yaml
 
 from trm.study.plan import plan_study
 
+pytestmark = pytest.mark.workflow
+
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
