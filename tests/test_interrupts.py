@@ -25,6 +25,8 @@ from trm.run import layout
 from trm.run.state import read_run
 from trm.study.plan import plan_study
 
+pytestmark = [pytest.mark.workflow, pytest.mark.slow]
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 EXPERIMENT = "exp04a_500"  # 10 smoke puzzles: 30 training steps

@@ -8,8 +8,12 @@ import shlex
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from trm.launch import slice_ledger, tpu_options
 from trm.launch.tpu_slice import Slice
+
+pytestmark = pytest.mark.tpu
 
 NAME = "trm-ledger"  # no other test module's slice name: modules run side by side
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_evaluate import REPO, TINY, trained  # noqa: F401  (`trained`: the module's trained run, a fixture)
+from tiny_run import TRAINED
 
 from trm.cli import main as trm
 from trm.data.format import SplitData, sudoku_metadata
@@ -22,9 +22,12 @@ from trm.train.step import Model
 from trm.train.test_time import SUBSET_SEED, run_test_time_evaluation, subset_groups, take_groups
 from trm.train.weights import load_weights
 
-HEADLINE = TINY["train.eval_steps"]  # 2
+pytestmark = pytest.mark.slow
+
+HEADLINE = TRAINED["train.eval_steps"]  # 2
 COUNTS = (HEADLINE, 3, 5)
 SUBSET = 5  # of the 12 test puzzles
+REPO = Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------------------------------- choosing the puzzles
@@ -129,10 +132,10 @@ def test_the_headline_is_the_whole_splits_figure_of_the_one_pass_evaluation(chec
     split = checkpoint["split"]
     # Before the subset: one pass of every count over the whole split, in the trainer's batches.
     one_pass = evaluate(
-        checkpoint["evaluator"], checkpoint["on_device"], split, TINY["train.global_batch_size"]
+        checkpoint["evaluator"], checkpoint["on_device"], split, TRAINED["train.global_batch_size"]
     )
     run = _fresh_copy(checkpoint, tmp_path / "run")
-    results = _final_evaluation(checkpoint, run, SUBSET, batch=TINY["train.global_batch_size"])
+    results = _final_evaluation(checkpoint, run, SUBSET, batch=TRAINED["train.global_batch_size"])
     # The same rows, batches and compiled step: the headline is bit for bit the one-pass figure, and the trainer's.
     assert results[HEADLINE] == one_pass[0] and results[HEADLINE]["count"] == len(split.inputs) == 12
     final = json.loads((checkpoint["run"] / "final.json").read_text())["test"]
@@ -142,7 +145,7 @@ def test_the_headline_is_the_whole_splits_figure_of_the_one_pass_evaluation(chec
     # The other counts: the subset's figures, on SUBSET puzzles, as evaluating those rows alone gives them.
     rows = take_groups(split, subset_groups(12, SUBSET))
     on_subset = evaluate(
-        checkpoint["evaluator"], checkpoint["on_device"], rows, TINY["train.global_batch_size"]
+        checkpoint["evaluator"], checkpoint["on_device"], rows, TRAINED["train.global_batch_size"]
     )
     assert [results[3], results[5]] == on_subset[1:] and on_subset[0]["count"] == SUBSET
     assert written["results"] == [one_pass[0], *on_subset[1:]]
@@ -217,7 +220,7 @@ def test_runs_of_different_seeds_score_the_curve_on_the_same_puzzles(checkpoint,
     written = []
     for seed in (0, 1):
         run = tmp_path / f"seed-{seed}"
-        sets = [f"--set={k}={v}" for k, v in {**TINY, "train.seed": seed}.items()]
+        sets = [f"--set={k}={v}" for k, v in {**TRAINED, "train.seed": seed}.items()]
         args = ["train", "--config", str(REPO / "config/base.yaml"), "--data", checkpoint["staged"]]
         args += ["--run-dir", str(run), "--cache-dir", str(checkpoint["cache"]), *sets]
         assert trm([*args, "--test-time-steps", "3,5", "--test-time-subset", str(SUBSET)]) == 0
