@@ -29,7 +29,12 @@ def applies(x: jax.Array, *weights: jax.Array) -> bool:
     axes as x (as the train step's do), so that their gradients are x's sums (else the caller keeps the plain
     formulation)."""
     same_axes = all(jax.typeof(w).mat == jax.typeof(x).mat for w in weights)
-    return x.ndim == 3 and x.shape[1] % ROWS == 0 and x.shape[2] % COLUMNS == 0 and same_axes
+    return x.ndim == 3 and fits(*x.shape[1:]) and same_axes
+
+
+def fits(rows: int, width: int) -> bool:
+    """Whether a device's [S, rows, width] activations split into whole blocks."""
+    return rows % ROWS == 0 and width % COLUMNS == 0
 
 
 def _like(x: jax.Array, shape: tuple[int, ...], dtype) -> jax.ShapeDtypeStruct:
