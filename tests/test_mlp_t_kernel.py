@@ -75,6 +75,11 @@ def test_the_kernel_is_compiled_for_tpu_only_and_the_cpu_keeps_the_plain_formula
     for platform, fused in (("cpu", False), ("tpu", True)):
         text = step.trace(state, x).lower(lowering_platforms=(platform,)).as_text()
         assert ("tpu_custom_call" in text) == fused, platform
+    # Shapes that do not split into whole blocks, and float16 (which the kernel does not compile for), keep
+    # the plain formulation on TPU too.
+    for other in (x[:, :, : mlp_t_kernel.COLUMNS // 2], x.astype(jnp.float16)):
+        text = step.trace(state, other).lower(lowering_platforms=("tpu",)).as_text()
+        assert "tpu_custom_call" not in text, (other.shape, other.dtype)
 
     # On the CPU: the same value and gradients as the plain formulation outside shard_map, bit for bit.
     def total(state, x):
