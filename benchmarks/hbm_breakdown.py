@@ -5,8 +5,10 @@ no TPU needed), keeps the optimised HLO text, and attributes XLA's "bytes access
 instructions (fusions, copies, custom calls, collectives...). An instruction's bytes are counted here as
 XLA's cost analysis counts a kernel's: every operand read once and the result written once, at each array's
 size in HBM (with the TPU layout's tile padding), a loop's body once. The total is printed beside XLA's own
-figure for comparison (fusions whose operands are sliced inside read less): 96% and 94% of it for the baseline
-before and after its MLP-T change.
+figure for comparison (fusions whose operands are sliced inside read less): 96%, 94% and 98% of it for the
+baseline as it was, after its MLP-T's leading-axis contraction and after its fused MLP-T kernel. A Pallas
+kernel (a tpu_custom_call) is in XLA's total with the bytes it declares (trm/model/mlp_t_kernel.py: its
+operands read once and its results written once, as counted here).
 
     .venv/bin/python benchmarks/hbm_breakdown.py exp01c [--accelerator v4-64] [--set KEY=VALUE ...]
         [--hlo results/hlo/exp01c.txt] [--top 40]

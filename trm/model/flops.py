@@ -60,3 +60,14 @@ def flops_per_example_step(cfg: ModelConfig, H_cycles: int | None = None, L_cycl
     L_cycles = cfg.L_cycles if L_cycles is None else L_cycles
     backward = 2 * ((L_cycles + 1) * net_flops(cfg) + head_flops(cfg))
     return forward_flops_per_example_step(cfg, H_cycles, L_cycles) + backward
+
+
+def mlp_t_recompute_flops_per_example_step(cfg: ModelConfig, L_cycles: int | None = None) -> int:
+    """FLOPs a TPU train step runs beyond flops_per_example_step for one example, not model FLOPs: the fused
+    MLP-T kernel's backward (trm/model/mlp_t_kernel.py) recomputes gate|up in each differentiated MLP-T call
+    (L_cycles + 1 net calls of L_layers blocks) instead of saving it. 1.42 GFLOP for the Sudoku baseline."""
+    if not cfg.mlp_t:
+        return 0
+    L_cycles = cfg.L_cycles if L_cycles is None else L_cycles
+    inner = swiglu_width(cfg.total_len, cfg.expansion)
+    return (L_cycles + 1) * cfg.L_layers * cfg.hidden_size * 2 * cfg.total_len * 2 * inner

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from trm.model import mlp_t_kernel
 from trm.model.config import ModelConfig
 
 # The std of a standard normal truncated to [-2, 2]; dividing by it makes the truncated sample's std exact.
@@ -116,9 +117,33 @@ class SwiGLU(nnx.Module):
         return self.down_proj(silu(gate) * up)
 
     def along_leading_axis(self, x: jax.Array) -> jax.Array:
-        """The same SwiGLU applied along the leading axis of x (e.g. the sequence axis of [S, B, D])."""
+        """The same SwiGLU applied along the leading axis of x (e.g. the sequence axis of [S, B, D]).
+
+        On TPU, inside shard_map (the train step: per-device arrays), one fused kernel per block of columns
+        (trm/model/mlp_t_kernel.py) keeps the [2 * inner, columns] gate|up block on chip instead of writing
+        it to HBM and reading it back (docs/tpu.md, "Where the step's bytes go"). Elsewhere, and where the
+        compiler partitions the arrays itself (a Pallas kernel would be given whole, gathered arrays), the
+        plain formulation below; on CPU and GPU it is the only one, so their results are unchanged.
+        """
+        weights = (self.gate_up_proj.weight[...].astype(x.dtype), self.down_proj.weight[...].astype(x.dtype))
+        if _per_device_arrays() and mlp_t_kernel.applies(x, *weights):
+            return jax.lax.platform_dependent(
+                x,
+                *weights,
+                tpu=mlp_t_kernel.swiglu_along_leading_axis,
+                default=self._plain_along_leading_axis,
+            )
+        return self._plain_along_leading_axis(x)
+
+    def _plain_along_leading_axis(self, x: jax.Array, *_weights: jax.Array) -> jax.Array:
         gate, up = jnp.split(self.gate_up_proj.along_leading_axis(x), 2, axis=0)
         return self.down_proj.along_leading_axis(silu(gate) * up)
+
+
+def _per_device_arrays() -> bool:
+    """Whether the code being traced sees per-device arrays: inside shard_map over every axis of its mesh."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return not mesh.empty and set(mesh.manual_axes) == set(mesh.axis_names)
 
 
 class Attention(nnx.Module):
