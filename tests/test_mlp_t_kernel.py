@@ -6,11 +6,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 from jax.sharding import Mesh, PartitionSpec
 
 from trm.model import mlp_t_kernel
 from trm.model.layers import SwiGLU, silu
+
+pytestmark = pytest.mark.slow  # about 6 s each: interpret-mode Pallas and a TPU-branch trace
 
 
 def plain(x: jax.Array, w_gate_up: jax.Array, w_down: jax.Array) -> jax.Array:
