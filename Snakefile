@@ -41,7 +41,7 @@ onstart:
     if config["launch"]["backend"] == "tpu-vm" and config["launch"]["tpu"]["preflight"]:
         import subprocess
 
-        if subprocess.run(preflight_command()).returncode != 0:
+        if subprocess.run(study.preflight_command()).returncode != 0:
             raise WorkflowError("trm preflight failed (above): fix what it names, then rerun")
 
 

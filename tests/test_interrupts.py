@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from trm.config import dump_config
 from trm.run import layout
 from trm.run.state import read_run
 from trm.study.plan import plan_study
@@ -89,9 +90,11 @@ def study(tmp_path_factory) -> Study:
         timeout=300,
     )
     assert stage.returncode == 0, stage.stderr[-3000:]
+    config = root / "reference-config.json"  # the config the workflow's job file carries
+    config.write_text(dump_config(experiment.config))
     result = Study(
         root=root,
-        config=f"results/smoke/configs/{experiment.hash}.json",
+        config=str(config),
         data=f"results/storage/smoke/datasets/{dataset}",
         run_dir=root / f"results/storage/smoke/runs/{experiment.hash}",
         reference=root / "reference",
@@ -167,7 +170,10 @@ def test_sigint_and_sigterm_to_snakemake_stop_the_job_through_its_checkpoint_and
         assert f"Interrupted by {sig.name}" in output and "Rerun the same command to resume" in output
         assert "Will exit after finishing currently running jobs" not in output
         state = read_run(str(study.run_dir)).status["state"]
-        assert state == "preempted", (output[-3000:], log.read_text()[-3000:])  # its checkpoint saved; not failed
+        assert state == "preempted", (
+            output[-3000:],
+            log.read_text()[-3000:],
+        )  # its checkpoint saved; not failed
         assert "[launch] host exit codes: [42]" in log.read_text()
 
     # Snakemake SIGKILLed: its job's launcher notices and stops the trainer the same way; the lock stays.

@@ -105,6 +105,7 @@ def _train(args: argparse.Namespace, host_log: HostLog, timings: Timings) -> int
                 host_log,
                 test_time_steps,
                 timings,
+                run.config_hash,
             )
     except BaseException as err:
         # A setup failure (no dataset, bad data, storage unreachable) still ends the run with a reason.

@@ -29,8 +29,6 @@ rule aggregate:
             *("--utilization", config["accelerator"]["utilization"]),
             *("--test-puzzles", TEST_PUZZLES[config["scale"]]),
         ],
-    conda:
-        SOFTWARE
     log:
         os.path.join(RESULTS, "logs", "aggregate.log"),
     shell:
@@ -57,8 +55,6 @@ rule verdicts:
         scale=config["scale"],
         groups=SELECTED_GROUPS,
         folder=lambda wildcards, output: os.path.dirname(output.json),
-    conda:
-        SOFTWARE
     log:
         os.path.join(RESULTS, "logs", "verdicts.log"),
     shell:
@@ -86,8 +82,6 @@ rule plot_group:
         trm=TRM,
         table=lambda wildcards, input: input.csv.removesuffix(".csv"),
         stem=lambda wildcards, output: output.png.removesuffix(".png"),
-    conda:
-        SOFTWARE
     log:
         os.path.join(RESULTS, "logs", "plot", "{group}.log"),
     shell:

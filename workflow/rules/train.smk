@@ -1,5 +1,5 @@
-# Training and evaluation, one job per experiment. Each job trains the resolved config the plan wrote
-# (RESULTS/configs/<hash>.json) and, as its last phase on the same hosts, evaluates the whole test split at every
+# Training and evaluation, one job per experiment. Each job launches its run's job file (RESULTS/jobs/<hash>.json:
+# the resolved config, dataset, run dir and launch settings; trm/launch/job.py) and, as its last phase on the same hosts, evaluates the whole test split at every
 # test_time_steps count (trm/train/test_time.py); the run dir (checkpoints, evaluation) lives in storage under that
 # hash. The local outputs are small copies made only after the run's _SUCCESS marker, so a failed or preempted job
 # leaves nothing that looks complete, and rerunning it resumes where it stopped (training or evaluation).
@@ -8,8 +8,8 @@
 rule train:
     input:
         staged=lambda wildcards: os.path.join(RESULTS, "staged", f"{PLAN[wildcards.exp].dataset}.txt"),
-        config=lambda wildcards: config_file(wildcards.exp),
-        same_run=same_run_trained_first,
+        job=lambda wildcards: study.job_file(wildcards.exp),
+        same_run=lambda wildcards: study.trained_first(wildcards.exp),
     output:
         config=os.path.join(RESULTS, "runs", "{exp}", layout.CONFIG),
         metrics=os.path.join(RESULTS, "runs", "{exp}", layout.METRICS),
@@ -17,18 +17,16 @@ rule train:
         final=os.path.join(RESULTS, "runs", "{exp}", layout.FINAL),
     params:
         trm=TRM,
-        command=lambda wildcards: train_command(PLAN[wildcards.exp]),
-        run_dir=lambda wildcards: run_url(wildcards.exp),
+        command=lambda wildcards: study.train_command(wildcards.exp),
+        run_dir=lambda wildcards: study.run_url(wildcards.exp),
         local=lambda wildcards, output: os.path.dirname(output.final),
         steps=TEST_TIME_STEPS,
     message:
         "{resources.estimate}"
     resources:
-        estimate=estimate_message,
+        estimate=lambda wildcards: study.costs.message(wildcards.exp),
         # One training job per TPU slice: a profile sets `resources: tpu=<slices>` (unlimited otherwise).
         tpu=1,
-    conda:
-        SOFTWARE
     log:
         os.path.join(RESULTS, "logs", "train", "{exp}.log"),
     benchmark:
@@ -53,8 +51,6 @@ rule evaluate:
     params:
         trm=TRM,
         steps=TEST_TIME_STEPS,
-    conda:
-        SOFTWARE
     log:
         os.path.join(RESULTS, "logs", "evaluate", "{exp}.log"),
     shell:
@@ -68,14 +64,12 @@ rule run_metrics:
         config=rules.train.output.config,
         metrics=rules.train.output.metrics,
         final=rules.train.output.final,
-        test_time=shared_evaluation,
+        test_time=lambda wildcards: study.shared_evaluation(wildcards.exp),
     output:
         os.path.join(RESULTS, "eval", "{exp}.json"),
     params:
         trm=TRM,
         run=lambda wildcards, input: os.path.dirname(input.final),
-    conda:
-        SOFTWARE
     log:
         os.path.join(RESULTS, "logs", "run_metrics", "{exp}.log"),
     shell:
