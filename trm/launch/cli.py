@@ -102,7 +102,8 @@ def _job_by_hand(args: argparse.Namespace, train_args: list[str]) -> tuple[Job, 
     if args.devices_per_host < 1:
         raise UserError(f"--devices-per-host {args.devices_per_host}: must be >= 1")
     run, options = spec.split(train_args)
-    return Job(run, (), "local", args.hosts, args.devices_per_host, tpu_options.defaults()), options
+    tpu = tpu_options.launcher_settings(tpu_options.defaults())
+    return Job(run, (), "local", args.hosts, args.devices_per_host, tpu), options
 
 
 def log(message: str) -> None:

@@ -105,11 +105,12 @@ def read_job(path: str) -> Job:
     if not isinstance(record, dict) or sorted(record) != sorted(KEYS):
         found = sorted(record) if isinstance(record, dict) else type(record).__name__
         raise UserError(f"{path}: a job file has the keys {', '.join(KEYS)}; found {found}")
-    kinds = {"config_hash": str, "data": str, "run_dir": str, "backend": str, "tpu": dict}
-    kinds.update(dict.fromkeys(("hosts", "devices_per_host"), int))
+    kinds = {"config_hash": str, "data": str, "run_dir": str, "backend": str, "tpu": dict, "hosts": int}
+    kinds["devices_per_host"] = int
+    words = {str: "a string", int: "an integer", dict: "a mapping"}
     for key, kind in kinds.items():
         if not isinstance(record[key], kind) or isinstance(record[key], bool):
-            raise UserError(f"{path}: {key} {record[key]!r} is not a {kind.__name__}")
+            raise UserError(f"{path}: {key} {record[key]!r} is not {words[kind]}")
     for key in ("hosts", "devices_per_host"):
         if record[key] < 1:
             raise UserError(f"{path}: {key} {record[key]}: must be >= 1")
