@@ -73,6 +73,10 @@ def test_launch_takes_only_trainer_options_after_a_job_and_refuses_a_batch_its_d
     _job(tmp_path, tmp_path / "run").write(path)
     assert trm(["launch", "--job", path, "--", "--set=train.epochs=2"]) == 2
     assert f"--set=train.epochs=2: the job file {path} gives the run" in capsys.readouterr().err
+    assert trm(["launch", "--job", path, "--hosts", "2"]) == 2
+    assert (
+        f"--hosts, --devices-per-host: the job file {path} gives the job's shape" in capsys.readouterr().err
+    )
     assert trm(["launch", "--job", path, "--", "--process-id", "1"]) == 2
     assert "--process-id: the launcher sets the multi-host options itself" in capsys.readouterr().err
     _job(tmp_path, tmp_path / "run", hosts=3).write(path)

@@ -50,12 +50,8 @@ EXIT_LEASE_LOST = 1  # another launcher took the run over while this one trained
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job", help="a job file (see above; the workflow's RESULTS/SCALE/jobs/<hash>.json)")
-    parser.add_argument(
-        "--hosts", type=int, default=1, help="without --job: number of hosts (processes), default 1"
-    )
-    parser.add_argument(
-        "--devices-per-host", type=int, default=1, help="without --job: devices of each host, default 1"
-    )
+    parser.add_argument("--hosts", type=int, help="without --job: number of hosts (processes), default 1")
+    parser.add_argument("--devices-per-host", type=int, help="without --job: devices of each host, default 1")
     parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then arguments of `trm train`")
 
 
@@ -67,6 +63,8 @@ def main(args: argparse.Namespace) -> int:
     if reserved:
         raise UserError(f"{reserved[0]}: the launcher sets the multi-host options itself")
     if args.job:
+        if args.hosts is not None or args.devices_per_host is not None:
+            raise UserError(f"--hosts, --devices-per-host: the job file {args.job} gives the job's shape")
         given = [arg for arg in train_args if arg.split("=")[0] in RUN_ARGS]
         if given:
             raise UserError(
@@ -97,13 +95,15 @@ def _job_by_hand(args: argparse.Namespace, train_args: list[str]) -> tuple[Job, 
         raise UserError(
             "no training arguments: trm launch --job FILE, or trm launch [options] -- --config C --data D --run-dir R"
         )
-    if args.hosts < 1:
-        raise UserError(f"--hosts {args.hosts}: must be >= 1")
-    if args.devices_per_host < 1:
-        raise UserError(f"--devices-per-host {args.devices_per_host}: must be >= 1")
+    hosts = 1 if args.hosts is None else args.hosts
+    devices_per_host = 1 if args.devices_per_host is None else args.devices_per_host
+    if hosts < 1:
+        raise UserError(f"--hosts {hosts}: must be >= 1")
+    if devices_per_host < 1:
+        raise UserError(f"--devices-per-host {devices_per_host}: must be >= 1")
     run, options = spec.split(train_args)
     tpu = tpu_options.launcher_settings(tpu_options.defaults())
-    return Job(run, (), "local", args.hosts, args.devices_per_host, tpu), options
+    return Job(run, (), "local", hosts, devices_per_host, tpu), options
 
 
 def log(message: str) -> None:
