@@ -1,8 +1,9 @@
 # Training and evaluation, one job per experiment. Each job launches its run's job file (RESULTS/jobs/<hash>.json:
-# the resolved config, dataset, run dir and launch settings; trm/launch/job.py) and, as its last phase on the same hosts, evaluates the whole test split at every
-# test_time_steps count (trm/train/test_time.py); the run dir (checkpoints, evaluation) lives in storage under that
-# hash. The local outputs are small copies made only after the run's _SUCCESS marker, so a failed or preempted job
-# leaves nothing that looks complete, and rerunning it resumes where it stopped (training or evaluation).
+# the resolved config, dataset, run dir and launch settings; trm/launch/job.py), which trains the run and, as its
+# last phase on the same hosts, evaluates the whole test split at every test_time_steps count
+# (trm/train/test_time.py); the run dir (checkpoints, evaluation) lives in storage under that hash. The local
+# outputs are small copies made only after the run's _SUCCESS marker, so a failed or preempted job leaves nothing
+# that looks complete, and rerunning it resumes where it stopped (training or evaluation).
 
 
 rule train:
