@@ -53,8 +53,6 @@ class Study:
         return [
             str(BIN / "trm"),
             "launch",
-            "--backend",
-            "local",
             "--hosts",
             str(hosts),
             "--",

@@ -5,6 +5,7 @@ slices (tests/fake_gcloud/gcloud, storage on the GCS emulator), 2 hosts per slic
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import subprocess
@@ -16,6 +17,7 @@ from fake_tpu import gcloud_calls, tpu_test_profile, wait_until_exited
 from test_workflow import estimates
 
 from trm import storage
+from trm.launch.job import read_job
 from trm.run import layout
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,7 +49,13 @@ def test_profile_dry_run_needs_no_gcloud_and_shows_tpu_hours(tmp_path):
     assert all(hours > 0 for hours in evaluation.values())
     assert "x 128 steps at the end" in output and "TPU v4 chip-hours" in output
     assert "scale paper: 6 experiments" in output
-    assert "--backend tpu-vm --hosts 8 --devices-per-host 4" in output
+    # Each training job launches its run's job file, which carries the backend and the job's shape.
+    files = {
+        line.split(" launch --job ")[1].split()[0] for line in output.splitlines() if " launch --job " in line
+    }
+    jobs = [read_job(str(REPO / path)) for path in sorted(files)]
+    shapes = collections.Counter((job.backend, job.hosts, job.devices_per_host) for job in jobs)
+    assert shapes == {("tpu-vm", 8, 4): 6, ("tpu-vm", 1, 4): 1}  # ref_paper on its own v4-8
     # The evaluation runs on the slice, in the training job; the controller only collects its results.
     assert "--test-time-steps 16,32,64,128" in output and "collect-evaluation" in output
     assert " evaluate --checkpoint" not in output
