@@ -1,5 +1,6 @@
 # Entry points for a fresh machine. `make run` installs what the study needs and runs it on this CPU;
-# `make test` adds the test tools and extras and runs the whole suite (what CI runs: .ci/run). Both create .venv/.
+# `make test` adds the test tools and extras and runs the whole suite (what CI runs: .ci/run); `make test-fast`
+# runs the fast tests only. They create .venv/.
 #   make install        the study's runtime only (what `make run` uses)
 #   make install-test   runtime + test extras (what `make test` and `make lint` use)
 #   make PYTHON=/path/to/python3.12 ...   choose the interpreter (3.11, 3.12 or 3.13)
@@ -19,7 +20,7 @@ UNDO := { rm -rf $(VENV); echo "make: install failed; $(VENV) removed" >&2; exit
 CHECK_VENV := $(BIN)/python -c '$(SUPPORTED_PYTHON)' 2>/dev/null || { echo "make: $(VENV) was made with" \
 	"$$($(BIN)/python --version 2>&1), not 3.11-3.13: removed it; run make again" >&2; rm -rf $(VENV); exit 1; }
 
-.PHONY: run test lint install install-test install-profile clean
+.PHONY: run test test-fast lint install install-test install-profile clean
 
 $(VENV)/bin/python:
 	@$(PYTHON) -c '$(SUPPORTED_PYTHON)' 2>/dev/null || { echo "make: $(PYTHON) is not Python 3.11-3.13" \
@@ -54,6 +55,12 @@ test: $(TESTING)
 	$(BIN)/python tests/system_guard.py snapshot $(GUARD)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile; status=$$?; \
 	$(BIN)/python tests/system_guard.py compare $(GUARD) || status=1; exit $$status
+
+# The loop while editing: every test not marked slow, multihost, workflow or tpu (the markers: pyproject.toml,
+# docs/testing.md), on the same workers. CI runs `make test`, which runs every test.
+FAST_TESTS := not slow and not multihost and not workflow and not tpu
+test-fast: $(TESTING)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "$(FAST_TESTS)"
 
 lint: $(TESTING)
 	$(BIN)/ruff check trm tests benchmarks

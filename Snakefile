@@ -22,8 +22,6 @@ report: "workflow/report/workflow.rst"
 # Small jobs run on the controller under any executor; datasets and training (with evaluation) go to the executor.
 localrules:
     all,
-    evaluate,
-    run_metrics,
     aggregate,
     verdicts,
     plot_group,
@@ -45,7 +43,14 @@ onstart:
             raise WorkflowError("trm preflight failed (above): fix what it names, then rerun")
 
 
+# At the end of a TPU study, failed or not: the slices it created that still exist (they bill until deleted), each
+# with the command that deletes it (trm/launch/slice_ledger.py).
+onsuccess:
+    slice_ledger.report_study(config["launch"]["backend"], [study.job_launch(exp_id)["tpu"] for exp_id in [None, *PLAN]])
+
+
 onerror:
+    slice_ledger.report_study(config["launch"]["backend"], [study.job_launch(exp_id)["tpu"] for exp_id in [None, *PLAN]])
     interrupts.exit_if_interrupted()
 
 

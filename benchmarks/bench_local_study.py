@@ -8,7 +8,7 @@ folder, then breaks each job's wall time into:
 - compile: JAX tracing, lowering and XLA compilation (or persistent-cache reads), with the cache's hits/misses;
 - data, init (parameters and optimizer state), train (steps, compile excluded), evaluate (compile excluded),
   checkpoint (saves, the final wait, restores), other (the rest of the process: markers, summaries);
-- outside: the job's wall time outside that process (the `trm launch` wrapper, `trm collect-run`, the shell);
+- outside: the job's wall time outside that process (the `trm launch` wrapper, `trm summarize`, the shell);
 - and, for the whole run, Snakemake's own time: wall time in which no job ran (its start, DAG, scheduling).
 
 Jobs without a timings record (datasets, analysis) show only their wall time. Timestamps in Snakemake's log have

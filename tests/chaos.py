@@ -14,7 +14,6 @@ import csv
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fake_tpu import node_pids, tpu_test_profile
+from workflow_support import copy_workflow
 
 from trm import storage
 from trm.run import layout
@@ -44,15 +44,6 @@ TEST_TIME_STEPS = [2, 4]
 TIMED_COLUMNS = ("examples_per_second", "step_time_s", "wall", "seconds", "elapsed", "_per_s", "hours")
 
 
-def copy_workflow(root: Path) -> Path:
-    """`root` (created) holding a copy of the workflow and its config, to edit and run in isolation."""
-    root.mkdir(parents=True)
-    shutil.copy(REPO / "Snakefile", root)
-    for folder in ("workflow", "config", "profiles"):
-        shutil.copytree(REPO / folder, root / folder)
-    return root
-
-
 @dataclass
 class Study:
     """A copy of the workflow at `root` whose study is `experiments`, run through `profile`."""
@@ -71,7 +62,7 @@ class Study:
     def command(self) -> list[str]:
         targets = [
             "results/smoke/table.csv",
-            *(f"results/smoke/runs/{e}/final.json" for e in self.experiments),
+            *(f"results/smoke/runs/{e}.json" for e in self.experiments),
         ]
         return [SNAKEMAKE, "--profile", str(self.profile), "--cores", "4", *targets]
 
@@ -116,13 +107,15 @@ def fingerprint(study: Study) -> dict:
     table's columns that measure no time."""
     out = {}
     for exp in study.experiments:
-        run = study.results / "runs" / exp
-        final = json.loads((run / layout.FINAL).read_text())
+        run = study.run_dirs[exp]
+        final = json.loads(storage.read_text(layout.path(run, layout.FINAL)))
         keep = ("params_sha256", "ema_sha256", "hosts_params_sha256", "hosts_ema_sha256", "test", "best_test")
-        records = [json.loads(line) for line in (run / layout.METRICS).read_text().splitlines()]
+        records = [
+            json.loads(line) for line in storage.read_text(layout.path(run, layout.METRICS)).splitlines()
+        ]
         out[exp] = {
             "final": {key: final[key] for key in keep},
-            "test_time": json.loads((run / layout.TEST_TIME).read_text())["results"],
+            "test_time": json.loads(storage.read_text(layout.path(run, layout.TEST_TIME)))["results"],
             "metrics": [{k: v for k, v in r.items() if not k.endswith("_per_s")} for r in records],
         }
     with open(study.results / "table.csv") as stream:

@@ -61,12 +61,75 @@ def sudoku_data() -> Path:
     return SUDOKU_DATA
 
 
+# The fixtures below import trm inside: the GCS emulator plugin must set its variables before trm.storage is
+# imported, and this module is imported before the plugins.
+
+
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     """A copy of the workflow and its config, so a test can edit files and write results in isolation."""
-    from chaos import copy_workflow  # here, not on top: the GCS emulator plugin sets its variables first
+    from workflow_support import copy_workflow
 
     return copy_workflow(tmp_path / "study")
+
+
+@pytest.fixture(scope="session")
+def base_config() -> dict:
+    """config/base.yaml, resolved."""
+    from trm.config import load_config
+
+    return load_config()
+
+
+@pytest.fixture(scope="session")
+def experiment_configs() -> dict[str, dict]:
+    """Every experiment file of config/experiments, resolved: {experiment id: config}."""
+    from trm.config import experiment_ids, experiment_path, load_config
+
+    return {exp_id: load_config(experiment_path(exp_id)) for exp_id in experiment_ids()}
+
+
+@pytest.fixture(scope="session")
+def easy_puzzles(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CSV of 60 easy puzzles, 6 blanks each (tests/tiny_run.py `easy_csv`)."""
+    from tiny_run import easy_csv
+
+    path = tmp_path_factory.mktemp("easy") / "easy.csv"
+    easy_csv(path, puzzles=60, blanks=6, seed=0)
+    return path
+
+
+@pytest.fixture(scope="session")
+def easy_dataset(easy_puzzles: Path) -> Path:
+    """`easy_puzzles` built with 4 augmentations: 48 train groups of 5 puzzles, 12 test puzzles."""
+    from tiny_run import build_dataset
+
+    return build_dataset(easy_puzzles, easy_puzzles.parent / "built", num_aug=4)
+
+
+@pytest.fixture(scope="session")
+def easy_data(easy_dataset: Path) -> str:
+    """`easy_dataset` staged: the file:// URL that `trm train --data` takes."""
+    from tiny_run import stage
+
+    return stage(easy_dataset, f"file://{easy_dataset.parent / 'staged'}")
+
+
+@pytest.fixture(scope="session")
+def trained(easy_puzzles: Path, easy_dataset: Path, easy_data: str, tmp_path_factory) -> dict:
+    """A tiny model trained 24 steps by `trm train` on `easy_data` (tests/tiny_run.py TRAINED), once per session.
+    Tests copy its run dir before changing anything in it. Keys: csv, built, staged (the data's three forms),
+    run (the run dir), cache (the dataset cache of `trm train` and `trm evaluate`)."""
+    from tiny_run import TRAINED, set_flags
+
+    from trm.cli import main as trm
+    from trm.config import BASE_CONFIG
+
+    folder = tmp_path_factory.mktemp("trained")
+    run, cache = folder / "run", folder / "cache"
+    args = ["train", "--config", str(BASE_CONFIG), "--data", easy_data, "--run-dir", str(run)]
+    assert trm([*args, "--cache-dir", str(cache), *set_flags(TRAINED)]) == 0
+    return {"csv": easy_puzzles, "built": easy_dataset, "staged": easy_data, "run": run, "cache": cache}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -68,6 +68,7 @@ def jitted_step(model: TRM, *, training: bool, **static):
     return run
 
 
+@pytest.mark.slow
 def test_first_step_loads_the_whole_batch():
     model = tiny_model()
     step = jitted_step(model, training=False)
@@ -175,6 +176,7 @@ def test_evaluation_runs_a_fixed_number_of_steps_beyond_halt_max_steps():
     assert carry.halted.all()
 
 
+@pytest.mark.slow
 def test_train_step_compiles_once_per_depth_and_detaches_the_carry():
     model = tiny_model()
     graphdef, params, puzzle, buffers = split_state(model)
@@ -211,6 +213,7 @@ def test_train_step_compiles_once_per_depth_and_detaches_the_carry():
 
 
 @pytest.mark.parametrize("training", [True, False])
+@pytest.mark.slow
 def test_new_carry_is_detached(training):
     model = tiny_model()
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)

@@ -28,6 +28,7 @@ sys.path.insert(0, str(BENCHMARKS))
 from original_trm import AdamATan2Torch  # noqa: E402
 
 
+@pytest.mark.slow
 def test_adam_atan2_stand_in_follows_our_optimizer_step_by_step():
     rng = np.random.default_rng(0)
     shapes = [(64, 48), (48,), (11, 8)]

@@ -18,7 +18,10 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
 from chaos import Chaos, Fault, fingerprint, make_study
+
+pytestmark = [pytest.mark.tpu, pytest.mark.workflow, pytest.mark.slow]
 
 # The launcher's settings for the study: a hung gcloud call costs 3 s, a run whose trainers died silently (the
 # killed host's peer aborts without a word) is relaunched 30 s after their last heartbeat.

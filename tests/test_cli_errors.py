@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from trm.config import EXPERIMENTS_DIR
 from trm.study.groups import GROUPS_PATH
@@ -24,6 +25,7 @@ def refused(*args: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_import_torch_names_a_file_that_is_no_checkpoint(tmp_path):
     import torch  # the test extra installs it
 

@@ -10,6 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import yaml
+
 from trm.config import experiment_path, load_config
 from trm.launch.accelerators import ACCELERATORS, GIB, PACKAGE, STEP_SOURCES, step_hash, step_source_digest
 from trm.launch.compile_check import fit_problem, roofline_seconds
@@ -104,6 +107,7 @@ def test_roofline_is_the_slower_of_compute_and_memory_and_plans_a_run_from_it(tm
     }
 
 
+@pytest.mark.slow
 def test_dry_run_uses_compiled_steps_where_they_exist_and_says_which(workdir, tmp_path):
     config = load_config(experiment_path("exp06_a"))
     compiled = workdir / "results" / "compile" / "v4-64" / f"{step_hash(config)}.json"
@@ -133,7 +137,8 @@ def test_dry_run_uses_compiled_steps_where_they_exist_and_says_which(workdir, tm
     }
     assert "compiled steps' roofline" in lines["exp06_a"], lines["exp06_a"]
     assert all("assumed 40% of peak" in lines[f"exp06_{x}"] for x in "bcdef"), lines
-    hours = compiled_run_hours(config, {"train": 1.0, "eval": 0.1}, 32, 423_168, [16, 32, 64, 128])
+    subset = yaml.safe_load((workdir / "config/config.yaml").read_text())["test_time_subset"]["paper"]
+    hours = compiled_run_hours(config, {"train": 1.0, "eval": 0.1}, 32, 423_168, [16, 32, 64, 128], subset)
     job = output[output.index("train exp06_a:") :]
     assert f"training:   {hours['training']:.4g} TPU v4 chip-hours" in job.splitlines()[1], job[:500]
     assert f"evaluation: {hours['evaluation']:.4g} TPU v4 chip-hours" in job.splitlines()[2], job[:500]

@@ -1,11 +1,10 @@
-"""The configuration system: schema, merging, validation messages, hashing, the 67 experiment files, the groups."""
+"""The configuration system: schema, merging, validation messages, --set, hashing, `trm config`. The experiment
+files and their groups: test_experiments.py."""
 
 from __future__ import annotations
 
 import copy
 import json
-import math
-import shutil
 from pathlib import Path
 
 import pytest
@@ -25,23 +24,8 @@ from trm.config import (
     validate_config,
 )
 from trm.errors import UserError
-from trm.study.groups import GROUPS_PATH, config_keys, load_groups, load_references, varies_errors
-from trm.study.plan import plan_study
+from trm.study.groups import config_keys
 from trm.study.reference import REFERENCE_PATH, reference_markdown
-
-# The ten (train_puzzles, num_aug) datasets of the study.
-DATASETS = {
-    (1000, 1000),
-    (100, 1000),
-    (250, 1000),
-    (500, 1000),
-    (2000, 1000),
-    (5000, 1000),
-    (1000, 10),
-    (1000, 100),
-    (1000, 500),
-    (1000, 2000),
-}
 
 
 def write(tmp_path: Path, text: str, name: str = "exp.yaml") -> Path:
@@ -50,190 +34,28 @@ def write(tmp_path: Path, text: str, name: str = "exp.yaml") -> Path:
     return path
 
 
-def get(config: dict, dotted: str):
-    for key in dotted.split("."):
-        config = config[key]
-    return config
-
-
-def deep_merge(base: dict, over: dict) -> dict:
-    out = copy.deepcopy(base)
-    for key, value in over.items():
-        out[key] = deep_merge(out[key], value) if isinstance(value, dict) else value
-    return out
-
-
-@pytest.fixture(scope="module")
-def base() -> dict:
-    return load_config()
-
-
-@pytest.fixture(scope="module")
-def resolved() -> dict[str, dict]:
-    return {exp_id: load_config(experiment_path(exp_id)) for exp_id in experiment_ids()}
-
-
 # ----------------------------------------------------------------------------------------- baseline and schema
 
 
-def test_base_is_complete_and_the_only_source_of_defaults(base):
-    assert validate_config(yaml.safe_load(BASE_CONFIG.read_text()), "base") == base
-    assert base["arch"]["expansion"] == 4.0 and isinstance(base["arch"]["expansion"], float)
+def test_base_is_complete_and_the_only_source_of_defaults(base_config):
+    assert validate_config(yaml.safe_load(BASE_CONFIG.read_text()), "base") == base_config
+    assert base_config["arch"]["expansion"] == 4.0 and isinstance(base_config["arch"]["expansion"], float)
     # Defaults live in config/base.yaml (runs) and config/config.yaml (the workflow): the schemas only check.
     workflow_schema = CONFIG_DIR.parent / "workflow" / "schemas" / "config.schema.yaml"
     for text in (SCHEMA_PATH.read_text(), workflow_schema.read_text()):
         assert '"default"' not in text and "default:" not in text
 
 
-def test_snakemake_validate_accepts_base_and_rejects_unknown_key(base):
+def test_snakemake_validate_accepts_base_and_rejects_unknown_key(base_config):
     from snakemake.exceptions import WorkflowError
     from snakemake.utils import validate
 
     assert schema()["$schema"] == "https://json-schema.org/draft/2020-12/schema"
-    validate(copy.deepcopy(base), str(SCHEMA_PATH))
-    bad = copy.deepcopy(base)
+    validate(copy.deepcopy(base_config), str(SCHEMA_PATH))
+    bad = copy.deepcopy(base_config)
     bad["arch"]["hiden_size"] = 3
     with pytest.raises(WorkflowError):
         validate(bad, str(SCHEMA_PATH))
-
-
-# ------------------------------------------------------------------------------------------ experiment files
-
-
-def test_all_67_experiments_validate_and_plain_yaml_reads_them_alike(resolved):
-    assert len(resolved) == 68  # the 67 of the study and the paper-recipe reference
-    plain_base = yaml.safe_load(BASE_CONFIG.read_text())
-    for exp_id, config in resolved.items():
-        # Snakemake and other readers use plain PyYAML (YAML 1.1): they must see the same numbers, not strings.
-        plain = yaml.safe_load(experiment_path(exp_id).read_text())
-        assert isinstance(plain, dict), exp_id
-        assert validate_config(deep_merge(plain_base, plain)) == config, exp_id
-
-
-def test_every_experiment_file_names_its_group_in_a_comment():
-    references = {ref["id"] for ref in load_references()}
-    for exp_id in set(experiment_ids()) - references:
-        first = experiment_path(exp_id).read_text().splitlines()[0]
-        assert first.startswith(f"# {exp_id.split('_')[0].rstrip('abcdef')}"), (exp_id, first)
-
-
-def test_exp06_scales_lr_with_sqrt_batch_and_micro_batches_stay_small(resolved, base):
-    for s in "abcdef":
-        config = resolved[f"exp06_{s}"]
-        batch = config["train"]["global_batch_size"]
-        expected_lr = base["optim"]["lr"] * math.sqrt(batch / base["train"]["global_batch_size"])
-        assert config["optim"]["lr"] == pytest.approx(expected_lr, rel=1e-7)
-        assert config["optim"]["puzzle_emb_lr"] == config["optim"]["lr"]
-        assert batch // config["train"]["micro_batches"] <= 12288
-    assert [resolved[f"exp06_{s}"]["train"]["global_batch_size"] for s in "ef"] == [24576, 49152]
-
-
-def test_exp09_trains_five_different_optimizer_settings(resolved):
-    settings = [
-        (c["optim"]["optimizer"], c["optim"]["beta1"], c["optim"]["beta2"])
-        for c in (resolved[f"exp09{s}"] for s in "abcde")
-    ]
-    assert settings == [
-        ("adam_atan2", 0.9, 0.95),
-        ("adamw", 0.9, 0.95),
-        ("adamw", 0.9, 0.99),
-        ("adamw", 0.9, 0.999),
-        ("lion", 0.9, 0.99),
-    ]
-
-
-# ------------------------------------------------------------------------------------------------------ groups
-
-
-def test_groups_cover_every_experiment_once_with_ten_datasets(resolved):
-    groups = load_groups()
-    members = [m for g in groups for m in g["members"]]
-    assert len(groups) == 14
-    assert len(members) == len(set(members)) == 67
-    references = [ref["id"] for ref in load_references()]
-    assert references == ["ref_paper"] and set(members) | set(references) == set(resolved)
-    # The reference is the paper's recipe: the baseline but for its batch of 768.
-    paper = {**resolved["ref_paper"], "train": {**resolved["ref_paper"]["train"], "global_batch_size": 6144}}
-    assert config_hash(paper) == config_hash(resolved[load_groups()[0]["baseline"]])
-    assert resolved["ref_paper"]["train"]["global_batch_size"] == 768
-    datasets = {(c["data"]["train_puzzles"], c["data"]["num_aug"]) for c in resolved.values()}
-    assert datasets == DATASETS
-
-
-def test_members_differ_from_their_baseline_only_in_the_varied_keys(resolved, base):
-    for group in load_groups():
-        baseline = resolved[group["baseline"]]
-        assert config_hash(baseline) == config_hash(base), group["id"]
-        hashes = {config_hash(resolved[m]) for m in group["members"]}
-        assert len(hashes) == len(group["members"]), f"{group['id']}: two members resolve to the same config"
-    # The plan's check (trm.study.groups.varies_errors) holds for the 67 experiments, with no exception declared.
-    assert varies_errors(load_groups(), resolved, base, GROUPS_PATH, CONFIG_DIR / "experiments") == []
-    assert not any("exceptions" in group for group in load_groups())
-
-
-def test_load_groups_rejects_a_member_in_two_groups(tmp_path):
-    text = (CONFIG_DIR / "groups.yaml").read_text()
-    doubled = text.replace(
-        "members: [exp07a, exp07b, exp07c]", "members: [exp07a, exp07b, exp07c, exp07d]", 1
-    )
-    doubled = doubled.replace("members: [exp08a,", "members: [exp07a, exp08a,", 1)
-    with pytest.raises(UserError) as err:
-        load_groups(write(tmp_path, doubled, "groups.yaml"))
-    message = str(err.value)
-    assert "'exp07a' already belongs to group 'exp07'" in message
-    assert "'exp07d' has no file exp07d.yaml" in message
-    assert "does not start with the group id" in message
-
-
-def test_the_plan_refuses_a_member_changing_a_key_its_group_does_not_vary(tmp_path):
-    """An exp01 member that also changes the batch size would put two differences on one plot axis: the plan
-    names the file, the key and the fix; a declared exception (with its reason) lets it through."""
-    config_dir = Path(shutil.copytree(CONFIG_DIR, tmp_path / "config"))
-    member = config_dir / "experiments" / "exp01b.yaml"
-    member.write_text(member.read_text() + "train:\n  global_batch_size: 3072\n")
-    where = {"experiments_dir": config_dir / "experiments", "groups_path": config_dir / "groups.yaml"}
-    with pytest.raises(UserError) as err:
-        plan_study("smoke", ["exp01a"], **where)
-    assert str(err.value) == (
-        f"{member}: train.global_batch_size = 3072 (baseline exp01c: 6144), but group 'exp01' varies only "
-        f"arch.hidden_size, arch.num_heads ({where['groups_path']}): change only those, or declare the key under "
-        "the group's exceptions with a reason"
-    )
-    groups = where["groups_path"]
-    exception = (
-        "    exceptions:\n      - member: exp01b\n        keys: [train.global_batch_size]\n"
-        "        reason: half the batch fits the wider model's memory\n"
-    )
-    text = groups.read_text()
-    groups.write_text(text.replace("    baseline: exp01c\n", "    baseline: exp01c\n" + exception, 1))
-    assert [e.id for e in plan_study("smoke", ["exp01b"], **where)] == ["exp01b"]
-    # An exception must say why, and name a member and known keys.
-    groups.write_text(
-        text.replace(
-            "    baseline: exp01c\n",
-            "    baseline: exp01c\n"
-            + exception.replace("half the batch fits the wider model's memory", "''").replace(
-                "exp01b", "exp02a_01"
-            ),
-            1,
-        )
-    )
-    with pytest.raises(UserError) as err:
-        load_groups(groups, where["experiments_dir"])
-    assert "group 'exp01': exceptions[0]: 'exp02a_01' is not a member of the group" in str(err.value)
-    assert "group 'exp01': exceptions[0]: reason must say, in text, why" in str(err.value)
-
-
-def test_a_baseline_is_the_base_config_as_it_is(tmp_path):
-    config_dir = Path(shutil.copytree(CONFIG_DIR, tmp_path / "config"))
-    baseline = config_dir / "experiments" / "exp07b.yaml"
-    baseline.write_text("optim:\n  weight_decay: 0.5\n")
-    with pytest.raises(
-        UserError, match=r"exp07b.yaml: the baseline of group 'exp07' changes optim.weight_decay;"
-    ):
-        plan_study(
-            "paper", "all", experiments_dir=config_dir / "experiments", groups_path=config_dir / "groups.yaml"
-        )
 
 
 # ----------------------------------------------------------------------------------------------- bad input
@@ -435,15 +257,15 @@ def test_bad_set_overrides_are_rejected(item, fragment):
 # ------------------------------------------------------------------------------------- resolved config, hash
 
 
-def test_resolved_config_round_trips_without_base(tmp_path, resolved):
-    config = resolved["exp06_f"]
+def test_resolved_config_round_trips_without_base(tmp_path, experiment_configs):
+    config = experiment_configs["exp06_f"]
     path = write(tmp_path, dump_config(config), "config.json")
     assert load_config(path, base=None) == config
     assert dump_config(load_config(path, base=None)) == path.read_text()
 
 
-def test_incomplete_resolved_config_is_rejected(tmp_path, base):
-    config = copy.deepcopy(base)
+def test_incomplete_resolved_config_is_rejected(tmp_path, base_config):
+    config = copy.deepcopy(base_config)
     del config["arch"]["loss"]
     del config["schedules"]["halt_exploration"]
     path = write(tmp_path, json.dumps(config), "config.json")
@@ -456,13 +278,13 @@ def test_incomplete_resolved_config_is_rejected(tmp_path, base):
         load_config(base=None)
 
 
-def test_hash_ignores_key_order_and_int_vs_float_but_not_values(tmp_path, base):
+def test_hash_ignores_key_order_and_int_vs_float_but_not_values(tmp_path, base_config):
     def reversed_order(node):
         return {k: reversed_order(v) for k, v in reversed(node.items())} if isinstance(node, dict) else node
 
-    digest = config_hash(base)
+    digest = config_hash(base_config)
     assert len(digest) == 12 and set(digest) <= set("0123456789abcdef")
-    assert config_hash(reversed_order(base)) == digest
+    assert config_hash(reversed_order(base_config)) == digest
     assert config_hash(load_config(write(tmp_path, "optim:\n  weight_decay: 1\n"))) == digest
     assert config_hash(load_config(overrides=["optim.lr=1.00001e-4"])) != digest
     assert config_hash(load_config(overrides=["train.seed=1"])) != digest
@@ -503,26 +325,26 @@ def test_configuration_reference_matches_the_generated_reference():
 # ------------------------------------------------------------------------------------------------ trm config
 
 
-def test_cli_prints_the_resolved_config_and_its_hash(capsys, resolved):
+def test_cli_prints_the_resolved_config_and_its_hash(capsys, experiment_configs):
     from trm.cli import main
 
     assert main(["config", "exp06_e"]) == 0
-    assert json.loads(capsys.readouterr().out) == resolved["exp06_e"]
+    assert json.loads(capsys.readouterr().out) == experiment_configs["exp06_e"]
     assert main(["config", "exp06_e", "--set", "train.seed=3", "--hash"]) == 0
-    seeded = copy.deepcopy(resolved["exp06_e"])
+    seeded = copy.deepcopy(experiment_configs["exp06_e"])
     seeded["train"]["seed"] = 3
     assert capsys.readouterr().out == config_hash(seeded) + "\n"
     assert main(["config", "--list"]) == 0
     assert capsys.readouterr().out.split() == experiment_ids()
 
 
-def test_cli_writes_output_and_reads_it_back_as_resolved(tmp_path, capsys, resolved):
+def test_cli_writes_output_and_reads_it_back_as_resolved(tmp_path, capsys, experiment_configs):
     from trm.cli import main
 
     out = tmp_path / "run" / "config.json"
     assert main(["config", "exp09e", "--output", str(out)]) == 0
     assert main(["config", str(out), "--resolved", "--hash"]) == 0
-    assert capsys.readouterr().out == config_hash(resolved["exp09e"]) + "\n"
+    assert capsys.readouterr().out == config_hash(experiment_configs["exp09e"]) + "\n"
 
 
 def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path, capsys):

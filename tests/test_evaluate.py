@@ -12,7 +12,7 @@ from pathlib import Path
 
 import jax
 import pytest
-from test_trainer import _easy_csv
+from tiny_run import TRAINED, set_flags
 
 from trm.cli import main as trm
 from trm.data.manifest import write_build_record
@@ -22,41 +22,9 @@ from trm.train.step import Model
 from trm.train.test_time import run_test_time_evaluation
 from trm.train.weights import load_weights
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
-TINY = {
-    "arch.hidden_size": 32,
-    "arch.num_heads": 2,
-    "arch.L_layers": 1,
-    "arch.H_cycles": 2,
-    "arch.L_cycles": 2,
-    "arch.forward_dtype": "float32",
-    "train.global_batch_size": 8,
-    "train.eval_subset": 8,
-    "train.epochs": 4,
-    "train.eval_interval": 4,
-    "train.eval_steps": 2,
-    "train.checkpoint_every_steps": 1000,
-    "optim.lr_warmup_steps": 5,
-    "optim.lr": 1e-3,
-}
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> dict:
-    """A tiny model trained 24 steps by `trm train` on a staged dataset of easy puzzles."""
-    tmp = tmp_path_factory.mktemp("evaluate")
-    _easy_csv(tmp / "easy.csv", puzzles=60, blanks=4, seed=0)
-    built = tmp / "built"
-    assert trm(["build-dataset", "--source", str(tmp / "easy.csv"), "--num-aug", "4", "--seed", "3"]
-               + ["--output-dir", str(built)]) == 0  # fmt: skip
-    staged = f"file://{tmp / 'staged'}"
-    assert trm(["stage", str(built), staged]) == 0
-    run = tmp / "run"
-    sets = [f"--set={k}={v}" for k, v in TINY.items()]
-    cache = tmp / "cache"
-    args = ["train", "--config", str(REPO / "config/base.yaml"), "--data", staged, "--run-dir", str(run)]
-    assert trm([*args, "--cache-dir", str(cache), *sets]) == 0
-    return {"tmp": tmp, "csv": tmp / "easy.csv", "built": built, "staged": staged, "run": run, "cache": cache}
 
 
 def _evaluate(weights, split, counts: tuple[int, ...], batch_size: int) -> list[dict]:
@@ -140,7 +108,7 @@ def test_a_failed_write_of_the_final_evaluation_loses_no_batch(trained, tmp_path
     monkeypatch.setattr(Evaluator, "__call__", lambda *a: evaluated.append(1) or real_call(*a))
     train = ["train", "--config", str(REPO / "config/base.yaml"), "--data", trained["staged"]]
     train += ["--run-dir", str(run), "--cache-dir", str(trained["cache"]), "--test-time-steps", "3,5"]
-    train += [f"--set={k}={v}" for k, v in TINY.items()]
+    train += set_flags(TRAINED)
 
     assert trm(train) == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]

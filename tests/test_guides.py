@@ -11,6 +11,7 @@ from trm.cli import main as trm_main
 from trm.config import EXPERIMENTS_DIR, load_config
 from trm.study.groups import GROUPS_PATH, load_groups
 from trm.study.guides import DOCS_DIR, guides
+from trm.study.metrics import CURVE_METRICS, RUN_METRICS, TEST_TIME_METRICS
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +75,14 @@ def test_guides_follow_the_groups_file(tmp_path, generated):
     assert (out / "exp08.md").read_text().startswith("# exp08: Weight averaging\n")
     assert "| [exp08](exp08.md) | Weight averaging |" in (out / "README.md").read_text()
     assert (out / "exp07.md").read_text() == generated["exp07.md"]
+
+
+def test_index_lists_every_metric_of_the_registry(generated):
+    metrics = generated["README.md"].split("## Metrics")[1]
+    for table in (RUN_METRICS, CURVE_METRICS, TEST_TIME_METRICS):
+        for metric in table.values():
+            assert f"| `{metric.key}` | {metric.meaning} | {metric.unit} |" in metrics
+    assert (
+        "| `step_time_s` | training step time in seconds, global batch / examples per second | s | lower |"
+        in metrics
+    )

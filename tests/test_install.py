@@ -59,6 +59,7 @@ def test_a_venv_left_by_an_unsupported_python_is_removed(checkout: Path):
     assert not (checkout / ".venv").exists()
 
 
+@pytest.mark.slow
 def test_a_failed_install_removes_the_venv_it_was_building(checkout: Path):
     done = _make(checkout, "install", f"PYTHON={sys.executable}")  # no package source: pip cannot install
     assert done.returncode != 0

@@ -152,7 +152,7 @@ def _stop_steps(host_log: Path) -> list[int]:
 def test_sigint_and_sigterm_to_snakemake_stop_the_job_through_its_checkpoint_and_a_rerun_resumes(study):
     marker = uuid.uuid4().hex
     env = _environment(marker)
-    target = f"results/smoke/runs/{EXPERIMENT}/final.json"
+    target = f"results/smoke/runs/{EXPERIMENT}.json"
     log = study.root / f"results/smoke/logs/train/{EXPERIMENT}.log"
     for attempt, sig in enumerate((signal.SIGINT, signal.SIGTERM), start=1):
         proc = subprocess.Popen(
@@ -167,11 +167,8 @@ def test_sigint_and_sigterm_to_snakemake_stop_the_job_through_its_checkpoint_and
         assert proc.returncode == 128 + sig, output[-3000:]
         assert f"Interrupted by {sig.name}" in output and "Rerun the same command to resume" in output
         assert "Will exit after finishing currently running jobs" not in output
-        state = read_run(str(study.run_dir)).status["state"]
-        assert state == "preempted", (
-            output[-3000:],
-            log.read_text()[-3000:],
-        )  # its checkpoint saved; not failed
+        state = read_run(str(study.run_dir)).status["state"]  # preempted: its checkpoint saved; not failed
+        assert state == "preempted", (output[-3000:], log.read_text()[-3000:])
         assert "[launch] host exit codes: [42]" in log.read_text()
 
     # Snakemake SIGKILLed: its job's launcher notices and stops the trainer the same way; the lock stays.

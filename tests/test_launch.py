@@ -204,6 +204,7 @@ def test_a_bad_config_is_refused_once_before_any_host_starts(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_job_whose_trainers_fail_before_training_fails_at_once_with_a_failed_status(tmp_path, capsys):
     """No dataset at --data: both hosts fail while setting up; the launcher returns their code at once and the
     run dir says why (process 0's failed status.json), as `trm status` and the TPU launcher read it."""

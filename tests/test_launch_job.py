@@ -47,6 +47,11 @@ def test_a_job_file_reads_back_as_written_and_a_bad_one_is_one_line_naming_it(tm
         "--test-time-steps",
         "16,32",
     ]
+    subset = _job(tmp_path, tmp_path / "run", test_time_subset=7)
+    assert subset.trainer_arguments()[-2:] == ["--test-time-subset", "7"]
+    subset.write(path)
+    assert read_job(path) == subset
+    job.write(path)
     record = json.loads(Path(path).read_text())
     bad = {
         "missing": (None, "job file not found"),

@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
-from test_trainer import TINY, _easy_csv, _sets, _staged
+from tiny_run import TINY, set_flags
 
 from trm import storage
-from trm.config import config_hash, load_config
+from trm.config import BASE_CONFIG, config_hash, load_config
 from trm.errors import UserError
 from trm.gcs import StorageUnavailable
 from trm.launch import tpu_options
@@ -144,6 +144,7 @@ def test_a_dead_holder_on_this_machine_is_taken_over_at_once(storage_root):
     assert any(f"process {holder.pid} " in m and "no longer exists on this machine" in m for m in messages)
 
 
+@pytest.mark.slow
 def test_a_stale_holder_is_taken_over_and_stops_when_it_wakes(storage_root):
     """A holder that stops renewing (a hung launcher: SIGSTOP) loses its lease after the staleness limit; when it
     runs again, its next renewal finds the new holder and reports the lease lost."""
@@ -168,6 +169,7 @@ def test_a_stale_holder_is_taken_over_and_stops_when_it_wakes(storage_root):
     assert _record(run_dir)["job"] == taker.holder.job  # the loser released nothing of the new holder's
 
 
+@pytest.mark.slow
 def test_unusable_storage_is_one_line_naming_the_lease(tmp_path, monkeypatch, closed_gcs_endpoint):
     (tmp_path / "file").write_text("")
     with pytest.raises(
@@ -191,22 +193,13 @@ def test_a_lease_that_is_not_a_record_is_named(tmp_path):
 # ----------------------------------------------------------------------------------------------- trm launch
 
 
-@pytest.fixture(scope="module")
-def easy_data(tmp_path_factory) -> str:
-    tmp = tmp_path_factory.mktemp("lease-data")
-    _easy_csv(tmp / "easy.csv", puzzles=60, blanks=6, seed=0)
-    return _staged(tmp, str(tmp / "easy.csv"), num_aug=4)
-
-
 # 48 train groups x 10 epochs / 8 = 60 steps, a checkpoint every 10.
 SHORT = {"train.epochs": 10, "train.eval_interval": 10, "train.checkpoint_every_steps": 10}
 
 
 def _launch(data: str, run_dir: str, stale_after_s: float = 600.0) -> subprocess.Popen:
     """`trm launch --job` of the tiny run, its job file (beside the run dir) with this lease staleness limit."""
-    config = load_config(
-        REPO / "config/base.yaml", [s.removeprefix("--set=") for s in _sets({**TINY, **SHORT})]
-    )
+    config = load_config(BASE_CONFIG, [flag.removeprefix("--set=") for flag in set_flags({**TINY, **SHORT})])
     tpu = {**tpu_options.launcher_settings(tpu_options.defaults()), "stale_after_seconds": stale_after_s}
     job = f"{run_dir}-job-{stale_after_s:g}.json"
     Job(Run(config, config_hash(config), data, run_dir), (), "local", 1, 1, tpu).write(job)
@@ -234,6 +227,7 @@ def _finished_once(run_dir: str, attempts: int) -> None:
     assert _record(run_dir) is None
 
 
+@pytest.mark.slow
 def test_of_two_simultaneous_launches_one_trains_and_the_other_names_it(storage_root, easy_data):
     run_dir = storage.join(storage_root, "run")
     launches = [_launch(easy_data, run_dir), _launch(easy_data, run_dir)]
@@ -270,6 +264,7 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 def test_a_launcher_killed_and_restarted_continues_its_run_at_once(storage_root, easy_data):
     """SIGKILL to the launcher and its trainer (as when its machine's job is killed), then the same command
     again: the dead holder's lease is taken over at once, though the staleness limit is 600 s."""
@@ -293,6 +288,7 @@ def test_a_launcher_killed_and_restarted_continues_its_run_at_once(storage_root,
     _finished_once(run_dir, attempts=2)
 
 
+@pytest.mark.slow
 def test_a_launch_takes_over_a_stale_lease_and_says_so(storage_root, easy_data):
     run_dir = storage.join(storage_root, "run")
     holder = _holder_process(run_dir, stale_after_s=600)
@@ -313,6 +309,7 @@ def test_a_launch_takes_over_a_stale_lease_and_says_so(storage_root, easy_data):
     _finished_once(run_dir, attempts=1)
 
 
+@pytest.mark.slow
 def test_a_launch_that_loses_its_lease_kills_its_trainers_and_fails(storage_root, easy_data):
     """Another launcher takes the lease over (here one whose staleness limit every lease exceeds): the running
     launcher's next renewal finds it, kills its trainers at once and exits 1, naming the new holder."""

@@ -79,6 +79,7 @@ def test_stablemax_and_softmax_match_float64_numpy():
 
 
 @pytest.mark.parametrize("loss", ["stablemax", "softmax"])
+@pytest.mark.slow
 def test_loss_is_mean_ce_per_row_summed_plus_half_bce_over_global_batch(loss):
     logits, labels = random_case(6)
     q_halt = np.array([-3.0, -0.5, 0.0, 0.7, 4.0, -20.0])

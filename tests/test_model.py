@@ -148,6 +148,7 @@ def test_swiglu_width_rounds_up_to_256():
 
 
 @pytest.mark.parametrize("variant", [{"mlp_t": True}, {"mlp_t": False, "pos_encodings": "rope"}])
+@pytest.mark.slow
 def test_block_matches_numpy(variant):
     cfg = tiny(**variant)
     block = Block(cfg, rngs=nnx.Rngs(0))
@@ -190,6 +191,7 @@ def test_mlp_t_normalises_over_the_sequence_axis():
 # -------------------------------------------------------------------------------------------------- model
 
 
+@pytest.mark.slow
 def test_input_embedding_prefix_layout():
     cfg = tiny(puzzle_emb_ndim=80)  # wider than D: spills into prefix position 1
     model = TRM(cfg, rngs=nnx.Rngs(0))
@@ -206,6 +208,7 @@ def test_input_embedding_prefix_layout():
     np.testing.assert_allclose(x[:, cfg.prefix_len :], tokens * scale, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_outputs_shapes_dtypes_and_q_init():
     for dtype in ("float32", "bfloat16"):
         cfg = tiny(forward_dtype=dtype, mlp_t=False, pos_encodings="rope")
@@ -219,6 +222,7 @@ def test_outputs_shapes_dtypes_and_q_init():
         assert np.all(np.asarray(q) == -5.0)  # weight 0, bias -5
 
 
+@pytest.mark.slow
 def test_init_distributions_and_state_kinds():
     cfg = tiny(hidden_size=256, num_heads=4)
     model = TRM(cfg, rngs=nnx.Rngs(0))
@@ -286,6 +290,7 @@ def test_published_flops():
     assert flops_per_example_step(mlp_t, 1, 2) == 3 * (3 * net_flops(mlp_t) + head_flops(mlp_t))
 
 
+@pytest.mark.slow
 def test_gradient_flows_only_through_the_last_recursion():
     cfg = tiny(H_cycles=3, L_cycles=2)
     model = TRM(cfg, rngs=nnx.Rngs(0))

@@ -16,9 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_trainer import TINY, _easy_csv, _sets, _staged
+from tiny_run import TINY, set_flags, tiny_config
 
+from trm.config import BASE_CONFIG
 from trm.launch.local import free_port, host_environment
+
+pytestmark = [pytest.mark.multihost, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
 # 48 train groups x 2 epochs / 8 = 12 steps per evaluation interval, 24 steps in all; exploration on.
@@ -34,17 +37,10 @@ RUN = {
 }
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> str:
-    tmp = tmp_path_factory.mktemp("multihost-data")
-    _easy_csv(tmp / "easy.csv", puzzles=60, blanks=6, seed=0)
-    return _staged(tmp, str(tmp / "easy.csv"), num_aug=4)
-
-
 def _train_args(data: str, run_dir: Path, cache: Path, extra: dict) -> list[str]:
     return [
         "--config",
-        "config/base.yaml",
+        str(BASE_CONFIG),
         "--data",
         data,
         "--run-dir",
@@ -53,7 +49,7 @@ def _train_args(data: str, run_dir: Path, cache: Path, extra: dict) -> list[str]
         str(cache),
         "--log-every",
         "4",
-        *_sets({**RUN, **extra}),
+        *set_flags({**RUN, **extra}),
     ]
 
 
@@ -100,15 +96,15 @@ def _latest_checkpoint(run_dir: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def two_by_two(data, tmp_path_factory) -> Path:
+def two_by_two(easy_data, tmp_path_factory) -> Path:
     """An uninterrupted run on 2 hosts x 2 devices: the reference of the tests below."""
     tmp = tmp_path_factory.mktemp("two-by-two")
-    done = _launch(2, 2, _train_args(data, tmp / "run", tmp / "cache", {}))
+    done = _launch(2, 2, _train_args(easy_data, tmp / "run", tmp / "cache", {}))
     assert done.returncode == 0, done.stdout[-4000:]
     return tmp / "run"
 
 
-def test_two_hosts_train_exactly_like_one_host_with_the_same_devices(data, tmp_path):
+def test_two_hosts_train_exactly_like_one_host_with_the_same_devices(easy_data, tmp_path):
     """2 hosts x 1 device and 1 host x 2 devices end with bit-identical parameters, EMA and metrics.
 
     Bit-identical by construction, on any CPU: each device runs the same compiled program on the same rows (each
@@ -117,7 +113,6 @@ def test_two_hosts_train_exactly_like_one_host_with_the_same_devices(data, tmp_p
     more devices the all-reduce's summation order depends on the layout, and the untrained recurrence amplifies
     a last-bit difference about x19 per supervision step, so 2 x 2 against 1 x 4 is not comparable bit for bit.)
     """
-    from trm.config import load_config
     from trm.data.format import load_split
     from trm.data.verify import fetch_dataset
     from trm.train.data import TrainBatches
@@ -125,14 +120,14 @@ def test_two_hosts_train_exactly_like_one_host_with_the_same_devices(data, tmp_p
     runs = {}
     for hosts, devices in ((2, 1), (1, 2)):
         runs[hosts] = tmp_path / f"{hosts}x{devices}"
-        done = _launch(hosts, devices, _train_args(data, runs[hosts], tmp_path / "cache", {}))
+        done = _launch(hosts, devices, _train_args(easy_data, runs[hosts], tmp_path / "cache", {}))
         assert done.returncode == 0, done.stdout[-4000:]
         assert "[host 0]" in done.stdout
     multi, single = _final(runs[2]), _final(runs[1])
 
     # The hosts' rows of every global batch, put together, are the single process's batch.
-    config = load_config("config/base.yaml", [f"{k}={v}" for k, v in RUN.items()], base=None)
-    split = load_split(fetch_dataset(data, tmp_path / "cache"), "train")
+    config = tiny_config(RUN)
+    split = load_split(fetch_dataset(easy_data, tmp_path / "cache"), "train")
     tc = config["train"]
     whole = TrainBatches(split, tc["global_batch_size"], tc["eval_interval"], tc["seed"])
     hosts = [
@@ -168,9 +163,9 @@ def test_two_hosts_with_two_devices_each_hold_identical_state(two_by_two):
     assert "host 1 of 2" in (two_by_two / "logs" / "host-1.log").read_text()
 
 
-def test_hosts_with_different_configs_fail_naming_the_host(data, tmp_path):
+def test_hosts_with_different_configs_fail_naming_the_host(easy_data, tmp_path):
     run = tmp_path / "run"
-    args = _train_args(data, run, tmp_path / "cache", {})
+    args = _train_args(easy_data, run, tmp_path / "cache", {})
     procs = _start_hosts([args, [*args, "--set=train.seed=7"]], devices=1)
     try:
         outputs = [p.communicate(timeout=120)[1] for p in procs]
@@ -191,9 +186,9 @@ def _wait_for_checkpoint(run: Path, procs: list[subprocess.Popen], after: int) -
         time.sleep(0.05)
 
 
-def test_preemption_and_a_dead_host_then_resume(data, two_by_two, tmp_path):
+def test_preemption_and_a_dead_host_then_resume(easy_data, two_by_two, tmp_path):
     run = tmp_path / "run"
-    args = _train_args(data, run, tmp_path / "cache", {})
+    args = _train_args(easy_data, run, tmp_path / "cache", {})
 
     # SIGTERM to one host: both save at one agreed step and exit 42.
     procs = _start_hosts([args, args], devices=2)
@@ -236,7 +231,7 @@ STEP_PROBE = textwrap.dedent(
     r"""
     import json, re, sys
     import jax, numpy as np
-    from trm.config import load_config
+    from trm.config import BASE_CONFIG, load_config
     from trm.data.format import load_split
     from trm.data.verify import fetch_dataset
     from trm.model.config import ModelConfig
@@ -247,7 +242,7 @@ STEP_PROBE = textwrap.dedent(
     split = load_split(fetch_dataset(data, cache), "train")
     out = {}
     for name, (extra, probes) in sets.items():
-        config = load_config("config/base.yaml", [f"{k}={v}" for k, v in extra.items()], base=None)
+        config = load_config(BASE_CONFIG, [f"{k}={v}" for k, v in extra.items()], base=None)
         model = Model(ModelConfig.from_dict(config["arch"], split.metadata), seed=0)
         step = TrainStep(model, config, total_steps=10)
         state = init_state(model, config, 16)
@@ -266,7 +261,7 @@ STEP_PROBE = textwrap.dedent(
 )
 
 
-def test_gradient_accumulation_and_one_fused_all_reduce(data, tmp_path):
+def test_gradient_accumulation_and_one_fused_all_reduce(easy_data, tmp_path):
     base = {**TINY, "train.global_batch_size": 16}
     # Four compilations on 4 devices (each costs seconds on 2 cores): accumulation in 2 parts against the whole
     # batch; the collective count of both (tests/test_tpu_compile.py checks it for a TPU v4-64 too).
@@ -276,7 +271,7 @@ def test_gradient_accumulation_and_one_fused_all_reduce(data, tmp_path):
     }
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "4"}
     done = subprocess.run(
-        [sys.executable, "-c", STEP_PROBE, data, str(tmp_path / "cache"), json.dumps(sets)],
+        [sys.executable, "-c", STEP_PROBE, easy_data, str(tmp_path / "cache"), json.dumps(sets)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -304,8 +299,8 @@ def test_gradient_accumulation_and_one_fused_all_reduce(data, tmp_path):
     assert whole["all_reduces"] == out["two_parts"]["all_reduces"] == 1, counts
 
 
-def test_batch_not_divisible_by_devices_is_rejected_before_compiling(data, tmp_path):
-    done = _launch(1, 3, _train_args(data, tmp_path / "run", tmp_path / "cache", {}), timeout=90)
+def test_batch_not_divisible_by_devices_is_rejected_before_compiling(easy_data, tmp_path):
+    done = _launch(1, 3, _train_args(easy_data, tmp_path / "run", tmp_path / "cache", {}), timeout=90)
     assert done.returncode == 2
     assert (
         "train.global_batch_size=8 must be divisible by train.micro_batches (1) x the number of devices (3)"
@@ -314,13 +309,12 @@ def test_batch_not_divisible_by_devices_is_rejected_before_compiling(data, tmp_p
     assert not (tmp_path / "run").exists()
 
 
-def test_two_hosts_on_gcs(data, gcs_bucket, tmp_path):
+def test_two_hosts_on_gcs(easy_dataset, gcs_bucket, tmp_path):
     """Dataset, config, checkpoints, metrics and per-host logs all on (emulated) GCS, as on a pod."""
     from trm import storage
     from trm.cli import main as trm
 
-    built = Path(data.removeprefix("file://")).parent / "built"
-    assert trm(["stage", str(built), f"{gcs_bucket}/data"]) == 0
+    assert trm(["stage", str(easy_dataset), f"{gcs_bucket}/data"]) == 0
     run_dir = f"{gcs_bucket}/runs/easy-{{config_hash}}"
     args = _train_args(f"{gcs_bucket}/data", Path("unused"), tmp_path / "cache", {"train.epochs": 2})
     args[args.index("--run-dir") + 1] = run_dir

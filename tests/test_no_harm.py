@@ -7,7 +7,10 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
 import system_guard
+
+pytestmark = pytest.mark.tpu
 
 FAKE_GCLOUD = Path(__file__).resolve().parent / "fake_gcloud" / "gcloud"
 

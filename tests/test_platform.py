@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from trm import platform
+from trm.errors import UserError
+from trm.launch import local
 
 
 @pytest.fixture
@@ -57,3 +59,42 @@ def test_a_trm_command_starts_jax_without_libtpu_noise_here():
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "cpu"
     assert "E0000" not in done.stderr and "TPU" not in done.stderr, done.stderr
+
+
+# ------------------------------------------------------------------ launch.platform for the local launcher
+
+
+def _gpu_machine(dev: Path, monkeypatch: pytest.MonkeyPatch, gpus: int) -> None:
+    """`dev` as a machine with `gpus` NVIDIA GPUs and JAX's CUDA plugin installed."""
+    for name in ("nvidiactl", "nvidia-uvm", *(f"nvidia{i}" for i in range(gpus))):
+        (dev / name).touch()
+    monkeypatch.setattr(platform, "_installed", lambda module: module == "jax_plugins.xla_cuda12")
+
+
+def test_launch_platform_cpu_gpu_and_auto(dev: Path, monkeypatch: pytest.MonkeyPatch):
+    assert platform.local_platform("cpu", dev) == "cpu"
+    assert platform.local_platform("auto", dev) == "cpu"  # no GPU here: the CPU
+    with pytest.raises(UserError, match=r"launch.platform is gpu, but .*pip install -e '.\[cuda\]'"):
+        platform.local_platform("gpu", dev)
+    with pytest.raises(UserError, match="launch.platform 'tpu': expected one of cpu, gpu, auto"):
+        platform.local_platform("tpu", dev)
+    _gpu_machine(dev, monkeypatch, gpus=2)
+    assert platform.local_platform("auto", dev) == platform.local_platform("gpu", dev) == "gpu"
+    assert platform.local_platform("cpu", dev) == "cpu"  # the user's choice stands
+    assert platform.visible_gpus({}, dev) == ["0", "1"]  # not nvidiactl or nvidia-uvm
+    assert platform.visible_gpus({"CUDA_VISIBLE_DEVICES": "3, 5"}, dev) == ["3", "5"]
+
+
+def test_each_local_host_gets_its_own_gpus(dev: Path, monkeypatch: pytest.MonkeyPatch):
+    _gpu_machine(dev, monkeypatch, gpus=4)
+    gpus = local.host_gpus("gpu", hosts=2, devices_per_host=2, environ={}, dev=dev)
+    assert gpus == ["0", "1", "2", "3"]
+    base = {"JAX_NUM_CPU_DEVICES": "8", "PATH": "/bin"}
+    hosts = [local.host_environment(base, 2, 2, index, 1234, gpus) for index in range(2)]
+    assert [env["CUDA_VISIBLE_DEVICES"] for env in hosts] == ["0,1", "2,3"]
+    assert all(env["JAX_PLATFORMS"] == "cuda" and "JAX_NUM_CPU_DEVICES" not in env for env in hosts)
+    with pytest.raises(UserError, match=r"needs 3 hosts x 2 GPUs, and this machine shows 4 \(0, 1, 2, 3\)"):
+        local.host_gpus("auto", hosts=3, devices_per_host=2, environ={}, dev=dev)
+    assert local.host_gpus("cpu", hosts=3, devices_per_host=2, environ={}, dev=dev) is None
+    cpu = local.host_environment(base, 1, 2, 0, 1234, None)
+    assert cpu["JAX_PLATFORMS"] == "cpu" and cpu["JAX_NUM_CPU_DEVICES"] == "2"

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from trm.analysis.plots import FALLBACK_TITLE, plot_group
+from trm.analysis.plots import FALLBACK_TITLE, _pareto_front, plot_group
 from trm.study.groups import GROUPS_PATH, load_groups
+from trm.study.metrics import CURVE_METRICS, RUN_METRICS
 
 
 def tables(group: dict, exact: float) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -125,3 +126,27 @@ def test_axes_stay_legible_log_ticks_apart_and_a_small_accuracy_change_flat():
     low, high = ax_test_time.get_ylim()
     assert high - low >= MIN_ACCURACY_SPAN - 1e-12 and low <= 0.7384 and high >= 0.7392
     plt.close(fig)
+
+
+def test_exp08_plots_only_what_its_runs_measure(tmp_path: Path):
+    group = next(g for g in load_groups() if g["id"] == "exp08")
+    output = tmp_path / "exp08"
+    plot_group("exp08", *tables(group, 0.25), Path(GROUPS_PATH), output)
+    svg = output.with_suffix(".svg").read_text()
+    assert "was not measured" not in svg
+    # Axis labels come from the metric registry.
+    assert RUN_METRICS["test_exact_accuracy"].axis_label in svg and CURVE_METRICS["epoch"].axis_label in svg
+
+
+def test_a_pareto_front_follows_each_metrics_better_direction():
+    points = pd.DataFrame(
+        {
+            "id": ["fast-bad", "slow-good", "slow-bad", "mid"],
+            "step_time_s": [1.0, 3.0, 3.0, 2.0],
+            "test_exact_accuracy": [0.5, 0.9, 0.6, 0.5],
+        }
+    )
+    # Lower step time and higher accuracy are better: "mid" is beaten by "fast-bad", "slow-bad" by "slow-good".
+    front = _pareto_front(points, "step_time_s", "test_exact_accuracy")
+    assert list(front["id"]) == ["fast-bad", "slow-good"]
+    assert list(front.columns) == list(points.columns)

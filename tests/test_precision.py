@@ -8,6 +8,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 from model_configs import model_config
 
@@ -15,6 +16,7 @@ from trm.model.trm import TRM, split_state
 from trm.train.checkpoint import Checkpointer
 
 
+@pytest.mark.slow
 def test_embedding_gradients_are_summed_in_float32_under_a_bfloat16_forward():
     # Learned positions too, so that all three tables are checked; 620 x 81 = 50,220 lookups of one token.
     cfg = model_config(

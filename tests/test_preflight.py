@@ -11,9 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from fake_tpu import FAKE_GCLOUD
 
 from trm import storage
+
+pytestmark = pytest.mark.tpu
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON_DIR = str(Path(sys.executable).parent)

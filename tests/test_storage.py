@@ -124,6 +124,7 @@ def _trm(args: list[str], endpoint: str, cwd: Path) -> tuple[int, str, float]:
     return done.returncode, done.stdout + done.stderr, time.monotonic() - started
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("failure", ["closed port", "401", "403"])
 def test_gcs_commands_fail_fast_with_one_clear_line(failure, closed_gcs_endpoint, refusing_gcs, tmp_path):
     endpoint = closed_gcs_endpoint if failure == "closed port" else refusing_gcs(int(failure))

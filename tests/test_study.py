@@ -148,8 +148,8 @@ def test_same_config_experiments_share_one_run_and_one_job_file(tmp_path):
     assert planned.first_with_same_run("exp05_d") == "exp01c" == planned.first_with_same_run("exp01c")
     assert planned.runs() == ["exp01a", "exp01c", "exp06_f"]
     assert planned.trained_first("exp01c") == []
-    assert planned.trained_first("exp05_d") == [str(tmp_path / "results/smoke/runs/exp01c/final.json")]
-    assert planned.shared_evaluation("exp05_d").endswith("eval/exp01c-steps.json")
+    assert planned.run_summary("exp05_d") == str(tmp_path / "results/smoke/runs/exp05_d.json")
+    assert planned.trained_first("exp05_d") == [planned.run_summary("exp01c")]  # summarised after exp01c's
     assert (
         planned.costs.message("exp05_d")
         == "train exp05_d: same config as exp01c, whose run it collects (no training)"
@@ -162,12 +162,8 @@ def test_same_config_experiments_share_one_run_and_one_job_file(tmp_path):
         assert job.run.config == exp.config and job.run.config_hash == exp.hash == config_hash(exp.config)
         assert job.run.data == str(tmp_path / f"storage/smoke/datasets/{exp.dataset}")
         assert job.run.run_dir == str(tmp_path / f"storage/smoke/runs/{exp.hash}")
-        assert (job.test_time_steps, job.backend, job.hosts, job.devices_per_host) == (
-            (16, 32),
-            "local",
-            1,
-            1,
-        )
+        assert (job.test_time_steps, job.test_time_subset) == ((16, 32), None)
+        assert (job.backend, job.hosts, job.devices_per_host) == ("local", 1, 1)
         assert "preflight" not in job.tpu and job.tpu["code_url"] == str(tmp_path / "storage/code")
     # Written once: an unchanged job file keeps its time, so Snakemake reruns nothing for it.
     stamps = {p: p.stat().st_mtime_ns for p in jobs.iterdir()}
@@ -213,6 +209,7 @@ def test_an_experiment_runs_on_its_own_accelerator_and_pool(tmp_path):
     assert own.tpu["slices"] == ["trm-v4-8"] and own.tpu["accelerator_type"] == "v4-8"
     assert (shared.hosts, shared.devices_per_host, shared.tpu["slices"]) == (8, 4, ["trm-v4-64"])
     assert own.tpu["stale_after_seconds"] == shared.tpu["stale_after_seconds"] == 900  # the profile's
+    assert own.test_time_subset == shared.test_time_subset == 43008  # test_time_subset.paper
     assert own.tpu["code_url"] == "gs://trm-bucket/study/code" and own.run.run_dir.startswith(
         "gs://trm-bucket/study/paper/runs/"
     )
@@ -277,7 +274,7 @@ def test_estimate_matches_the_spec_flops_of_a_paper_baseline_run():
     # The evaluations as the trainer runs them: 9 intermediate ones on eval_subset = 8192 puzzles (2 batches of
     # 6144 rows) to eval_steps = 16, and one pass over the whole test split (69 batches) to 128 steps.
     passes = evaluation_passes(baseline, 423_168, (16, 32, 64, 128))
-    assert passes == {"intermediate": (9, 12_288, 16), "final": (1, 69 * 6144, 128)}
+    assert passes == {"intermediate": (9, 12_288, 16), "final": (1, 69 * 6144, 128), "test_time": (0, 0, 0)}
     forward = costs["eval_flops_per_example_step"]
     assert (
         evaluation_flops(baseline, costs, 423_168, (16, 32, 64, 128))

@@ -249,6 +249,7 @@ def test_import_refusals_exit_2_and_write_nothing(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_trm_train_fine_tunes_an_imported_run_dir(tmp_path):
     """`trm train` resumes from the imported step-0 checkpoint: training starts from the imported weights."""
     import torch  # the dev extra installs it; a skip would fail the session anyway (tests/conftest.py)

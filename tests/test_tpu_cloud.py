@@ -21,6 +21,8 @@ from trm.errors import UserError
 from trm.launch import gcloud, tpu_host, tpu_options, wheel
 from trm.launch.tpu_slice import Slice, SliceLost
 
+pytestmark = pytest.mark.tpu
+
 REPO = Path(__file__).resolve().parents[1]
 NAME = "trm-cloud"
 ZONE = "us-central2-b"

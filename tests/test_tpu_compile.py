@@ -21,6 +21,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 # Tiny models in the paper's forward dtype. Wide enough (128) that matmuls dominate the FLOPs, as at paper
 # scale, so the compiler's count and the analytic one (which ignores elementwise work) can be compared.

@@ -13,12 +13,16 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from fake_tpu import gcloud_calls, tpu_test_profile, wait_until_exited
-from test_workflow import estimates
+from workflow_support import estimates
 
 from trm import storage
 from trm.launch.job import read_job
 from trm.run import layout
+from trm.study.plan import run_dir_of
+
+pytestmark = [pytest.mark.tpu, pytest.mark.workflow, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -57,7 +61,7 @@ def test_profile_dry_run_needs_no_gcloud_and_shows_tpu_hours(tmp_path):
     shapes = collections.Counter((job.backend, job.hosts, job.devices_per_host) for job in jobs)
     assert shapes == {("tpu-vm", 8, 4): 6, ("tpu-vm", 1, 4): 1}  # ref_paper on its own v4-8
     # The evaluation runs on the slice, in the training job; the controller only collects its results.
-    assert "--test-time-steps 16,32,64,128" in output and "collect-evaluation" in output
+    assert "--test-time-steps 16,32,64,128" in output and " summarize " in output
     assert " evaluate --checkpoint" not in output
 
     placeholder = subprocess.run(
@@ -88,8 +92,7 @@ def test_profile_runs_two_experiments_on_an_emulated_slice(cloud, tpu_bucket, wo
     root = workdir
     monkeypatch.setenv("FAKE_TPU_DEVICES", "2")
     profile = _test_profile(root, tpu_bucket, tmp_path)
-    targets = [f"results/smoke/runs/{exp}/final.json" for exp in ("exp01a", "exp04a_100")]
-    targets.append("results/smoke/eval/exp01a-steps.json")
+    targets = [f"results/smoke/runs/{exp}.json" for exp in ("exp01a", "exp04a_100")]
     started = time.time()
     done = subprocess.run(
         [SNAKEMAKE, "--profile", str(profile), "--cores", "2", *targets],
@@ -101,8 +104,8 @@ def test_profile_runs_two_experiments_on_an_emulated_slice(cloud, tpu_bucket, wo
     print(f"snakemake --profile tpu-test, two experiments: {time.time() - started:.1f} s")
     logs = "".join(p.read_text() for p in (root / "results/smoke/logs/train").glob("*.log"))
     assert done.returncode == 0, done.stderr[-3000:] + logs[-3000:]
-    for target in targets[:2]:
-        assert json.loads((root / target).read_text())["test"]
+    for target in targets:
+        assert json.loads((root / target).read_text())["test_time"]
     assert "launch state finished" in logs
     # trm preflight ran once, before any job, and every check passed.
     calls = gcloud_calls(cloud)
@@ -115,20 +118,30 @@ def test_profile_runs_two_experiments_on_an_emulated_slice(cloud, tpu_bucket, wo
     assert {argv[4] for argv in ssh} == {*SLICES}
     for name in SLICES:
         wait_until_exited(name)
-    _evaluated_on_the_hosts_in_the_training_job(root, done.stdout + done.stderr, tmp_path)
+    # The study created both slices and kept them (delete_after: false): its end lists them, and how to delete.
+    assert "2 TPU slice(s) this workflow created still exist" in done.stderr
+    for name in SLICES:
+        assert f"delete: gcloud compute tpus queued-resources delete {name} --zone=" in done.stderr
+    _evaluated_on_the_hosts_in_the_training_job(
+        root, f"{tpu_bucket}/study", done.stdout + done.stderr, tmp_path
+    )
 
 
-def _evaluated_on_the_hosts_in_the_training_job(root: Path, output: str, tmp: Path) -> None:
+def _evaluated_on_the_hosts_in_the_training_job(
+    root: Path, storage_root: str, output: str, tmp: Path
+) -> None:
     """The final evaluation ran on the slice's 2 hosts x 2 devices, in the training job, not on the controller; one
     pass gave both the test-time figures and final.json's; and they equal a one-process, 4-device `trm evaluate`
     of the same checkpoint, every figure to the last bit (the hosts size their CPU thread pools as one process
     would, trm.run.distributed.size_cpu_thread_pool; without that one cell in 1,296 differed after one step)."""
-    assert "collect-evaluation" in output and " evaluate --checkpoint" not in output
-    slice_run = json.loads((root / "results/smoke/eval/exp01a-steps.json").read_text())
+    assert " summarize " in output and " evaluate --checkpoint" not in output
+    summary = json.loads((root / "results/smoke/runs/exp01a.json").read_text())
+    run_dir = run_dir_of(storage_root, "smoke", summary["config_hash"])
+    slice_run = json.loads(storage.read_text(layout.path(run_dir, layout.TEST_TIME)))
     assert slice_run["devices"] == 4 and [r["steps"] for r in slice_run["results"]] == [1, 16, 32]
     host_log = storage.read_text(layout.host_log(slice_run["checkpoint"], 1))
     assert "test-time evaluation of step counts 1,16,32" in host_log
-    final = json.loads((root / "results/smoke/runs/exp01a/final.json").read_text())
+    final = json.loads(storage.read_text(layout.path(run_dir, layout.FINAL)))
     assert final["processes"] == 2 and final["test"] == slice_run["results"][1]  # one pass gives both
 
     one_process = tmp / "one-process.json"
@@ -149,7 +162,7 @@ def test_a_failed_preflight_stops_the_study_before_any_job(cloud, tpu_bucket, wo
     profile = _test_profile(root, tpu_bucket, tmp_path)
     monkeypatch.setenv("FAKE_GCLOUD_TPU_API", "disabled")
     done = subprocess.run(
-        [SNAKEMAKE, "--profile", str(profile), "--cores", "2", "results/smoke/runs/exp01a/final.json"],
+        [SNAKEMAKE, "--profile", str(profile), "--cores", "2", "results/smoke/runs/exp01a.json"],
         cwd=root,
         capture_output=True,
         text=True,

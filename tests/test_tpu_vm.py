@@ -1,9 +1,7 @@
 """The tpu-vm launcher against a fake `gcloud` (tests/fake_gcloud/gcloud) whose slice hosts are local processes,
 each in its own HOME, with storage on the GCS emulator: a preempted slice recreated and the run resumed, a
 cancelled job leaving no host process, and hostile values never reaching a shell unquoted. The tpu-v4-64 profile
-through Snakemake is in test_tpu_profile.py.
-
-Every subprocess is bounded by a timeout and killed in `finally`.
+through Snakemake is in test_tpu_profile.py. Every subprocess is bounded by a timeout and killed in `finally`.
 """
 
 from __future__ import annotations
@@ -20,17 +18,18 @@ from pathlib import Path
 
 import pytest
 from fake_tpu import gcloud_calls, node_pids, wait_until_exited
-from test_trainer import TINY, _easy_csv, _sets
+from tiny_run import TINY, set_flags, stage
 
 from trm import storage
 from trm.cli import main as trm_main
-from trm.config import config_hash, load_config
+from trm.config import BASE_CONFIG, config_hash, load_config
 from trm.launch import tpu_options
 from trm.launch.job import Job
 from trm.run.lease import Lease
 from trm.run.lifetime import ENV_CONTROLLER_PID
 from trm.run.spec import Run
 
+pytestmark = [pytest.mark.tpu, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]
 SLICE = "trm-test-a"
 # 48 train groups x 8 epochs / 8 = 48 steps, a checkpoint every 4: long enough to preempt mid-run.
@@ -45,14 +44,8 @@ RUN = {
 
 
 @pytest.fixture(scope="module")
-def data(tpu_bucket: str, tmp_path_factory: pytest.TempPathFactory) -> str:
-    tmp = tmp_path_factory.mktemp("tpu-data")
-    _easy_csv(tmp / "easy.csv", puzzles=60, blanks=6, seed=0)
-    built = tmp / "built"
-    args = ["build-dataset", "--source", str(tmp / "easy.csv"), "--num-aug", "4", "--output-dir", str(built)]
-    assert trm_main(args) == 0
-    assert trm_main(["stage", str(built), f"{tpu_bucket}/data"]) == 0
-    return f"{tpu_bucket}/data"
+def data(tpu_bucket: str, easy_dataset: Path) -> str:
+    return stage(easy_dataset, f"{tpu_bucket}/data")
 
 
 def _launch_command(
@@ -63,7 +56,7 @@ def _launch_command(
     after `--`, and `tpu` over the job's tpu-vm settings."""
     sets = [arg.removeprefix("--set=") for arg in extra if arg.startswith("--set=")]
     options = [arg for arg in extra if not arg.startswith("--set=")]
-    config = load_config(REPO / "config/base.yaml", [arg.removeprefix("--set=") for arg in _sets(RUN)] + sets)
+    config = load_config(BASE_CONFIG, [arg.removeprefix("--set=") for arg in set_flags(RUN)] + sets)
     settings = {
         **tpu_options.defaults(),
         "slices": [SLICE],

@@ -12,68 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny_run import TINY, set_flags, tiny_config
 
 from trm.cli import main as trm
+from trm.config import BASE_CONFIG
 from trm.run.state import read_run
 
-TINY = {
-    "arch.hidden_size": 32,
-    "arch.num_heads": 2,
-    "arch.L_layers": 1,
-    "arch.H_cycles": 2,
-    "arch.L_cycles": 2,
-    "arch.forward_dtype": "float32",
-    "train.global_batch_size": 8,
-    "train.eval_subset": 8,
-    "optim.lr_warmup_steps": 5,
-}
-
-
-def _sets(values: dict) -> list[str]:
-    return [f"--set={k}={v}" for k, v in values.items()]
-
-
-def _easy_csv(path: Path, puzzles: int, blanks: int, seed: int) -> None:
-    """Puzzles made from one valid grid with a few blanks: learnable by a tiny model in seconds."""
-    rng = np.random.default_rng(seed)
-    solution = [(3 * (r % 3) + r // 3 + c) % 9 + 1 for r in range(9) for c in range(9)]
-    answer = "".join(map(str, solution))
-    lines = ["source,question,answer,rating"]
-    for _ in range(puzzles):
-        question = list(answer)
-        for cell in rng.choice(81, size=blanks, replace=False):
-            question[cell] = "."
-        lines.append(f"easy,{''.join(question)},{answer},0")
-    path.write_text("\n".join(lines) + "\n")
-
-
-def _staged(tmp: Path, source: str, num_aug: int) -> str:
-    assert (
-        trm(
-            [
-                "build-dataset",
-                "--source",
-                source,
-                "--num-aug",
-                str(num_aug),
-                "--seed",
-                "3",
-                "--output-dir",
-                str(tmp / "built"),
-            ]
-        )
-        == 0
-    )
-    url = f"file://{tmp / 'staged'}"
-    assert trm(["stage", str(tmp / "built"), url]) == 0
-    return url
-
-
-@pytest.fixture(scope="session")
-def easy_data(tmp_path_factory) -> str:
-    tmp = tmp_path_factory.mktemp("easy")
-    _easy_csv(tmp / "easy.csv", puzzles=60, blanks=6, seed=0)
-    return _staged(tmp, str(tmp / "easy.csv"), num_aug=4)
+pytestmark = pytest.mark.slow
 
 
 def _train_cmd(data: str, run_dir: Path, cache: Path, extra: dict) -> list[str]:
@@ -83,7 +28,7 @@ def _train_cmd(data: str, run_dir: Path, cache: Path, extra: dict) -> list[str]:
         "trm.cli",
         "train",
         "--config",
-        "config/base.yaml",
+        str(BASE_CONFIG),
         "--data",
         data,
         "--run-dir",
@@ -92,7 +37,7 @@ def _train_cmd(data: str, run_dir: Path, cache: Path, extra: dict) -> list[str]:
         str(cache),
         "--log-every",
         "7",  # checkpoints come every 10 steps: a resumed run starts in the middle of a logging window
-        *_sets({**TINY, **extra}),
+        *set_flags({**TINY, **extra}),
     ]
 
 
@@ -236,14 +181,13 @@ def test_exploration_probability_reaches_the_compiled_step(easy_data, tmp_path):
     """With a Q head that halts every row at once, exploration (a traced input) keeps rows running."""
     import jax.numpy as jnp
 
-    from trm.config import load_config
     from trm.data.format import load_split
     from trm.data.verify import fetch_dataset
     from trm.model.config import ModelConfig
     from trm.train.data import TrainBatches
     from trm.train.step import Model, TrainStep, init_state
 
-    config = load_config("config/base.yaml", [f"{k}={v}" for k, v in TINY.items()], base=None)
+    config = tiny_config()
     split = load_split(fetch_dataset(easy_data, tmp_path / "cache"), "train")
     model = Model(ModelConfig.from_dict(config["arch"], split.metadata), seed=0)
     batch = TrainBatches(split, 8, 1, seed=0).batch(0).as_dict()
@@ -263,7 +207,6 @@ def test_exploration_probability_reaches_the_compiled_step(easy_data, tmp_path):
 def test_runs_differing_in_learning_rates_ema_rate_or_length_share_one_program(easy_data, tmp_path):
     """Those hyperparameters are inputs of the train step, so such runs of the study (exp04a, exp08, exp10) hit
     the persistent compilation cache; a beta is still compiled in, and makes another program."""
-    from trm.config import load_config
     from trm.data.format import load_split
     from trm.data.verify import fetch_dataset
     from trm.model.config import ModelConfig
@@ -279,7 +222,7 @@ def test_runs_differing_in_learning_rates_ema_rate_or_length_share_one_program(e
     }
     programs = {}
     for name, (sets, total_steps) in variants.items():
-        config = load_config("config/base.yaml", [f"{k}={v}" for k, v in {**TINY, **sets}.items()], base=None)
+        config = tiny_config(sets)
         model = Model(ModelConfig.from_dict(config["arch"], split.metadata), seed=0)
         step = TrainStep(model, config, total_steps=total_steps)
         state = init_state(model, config, 8)
@@ -331,14 +274,9 @@ def test_a_run_that_fails_before_training_is_marked_failed_with_its_reason(tmp_p
 
 
 def test_a_failing_step_marks_the_run_failed_with_its_error(easy_data, tmp_path):
-    from trm.config import BASE_CONFIG, load_config
     from trm.train.trainer import Trainer
 
-    config = load_config(
-        BASE_CONFIG,
-        [f"{k}={v}" for k, v in {**TINY, "train.epochs": 2, "train.eval_interval": 1}.items()],
-        base=None,
-    )
+    config = tiny_config({"train.epochs": 2, "train.eval_interval": 1})
     run = tmp_path / "run"
     trainer = Trainer(config, easy_data, str(run), str(tmp_path / "cache"), log_every=1, use_wandb=False)
 
@@ -359,20 +297,18 @@ def test_remat_recomputes_the_differentiated_recursion_with_the_same_gradients(e
 
     import jax
 
-    from trm.config import load_config
     from trm.data.format import load_split
     from trm.data.verify import fetch_dataset
     from trm.model.config import ModelConfig
     from trm.train.data import TrainBatches
     from trm.train.step import Model, TrainStep, init_state
 
-    sets = {**TINY, "arch.hidden_size": 64, "arch.L_cycles": 4, "train.global_batch_size": 16}
+    sets = {"arch.hidden_size": 64, "arch.L_cycles": 4, "train.global_batch_size": 16}
     split = load_split(fetch_dataset(easy_data, tmp_path / "cache"), "train")
     batch = TrainBatches(split, 16, 1, seed=0).batch(0).as_dict()
     grads, matmuls = {}, {}
     for remat in (False, True):
-        overrides = [f"{k}={v}" for k, v in {**sets, "train.remat": remat}.items()]
-        config = load_config("config/base.yaml", overrides, base=None)
+        config = tiny_config({**sets, "train.remat": remat})
         model = Model(ModelConfig.from_dict(config["arch"], split.metadata), seed=0)
         step = TrainStep(model, config, total_steps=10)
         state = init_state(model, config, 16)

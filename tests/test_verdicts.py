@@ -12,7 +12,6 @@ import pandas as pd
 import pytest
 
 from trm.analysis import verdicts
-from trm.analysis.aggregate import METRIC_COLUMNS
 from trm.analysis.verdicts import (
     NO_DATA,
     NOT_SUPPORTED,
@@ -24,7 +23,7 @@ from trm.analysis.verdicts import (
 from trm.cli import main as trm_main
 from trm.config import EXPERIMENTS_DIR
 from trm.errors import UserError
-from trm.study.groups import CHECK_FIELDS, CRITERION_METRICS, GROUPS_PATH, load_groups
+from trm.study.groups import CHECK_FIELDS, GROUPS_PATH, describe, load_groups
 
 GROUP = {"id": "g", "title": "test group", "members": ["a", "b", "c", "d"], "baseline": "b"}
 
@@ -112,9 +111,17 @@ def test_group_verdict_needs_every_criterion_for_support():
     assert group_verdict([NO_DATA, NOT_SUPPORTED, SUPPORTED]) == NOT_SUPPORTED
 
 
-def test_every_check_kind_has_a_function_and_every_metric_is_a_table_column():
+def test_every_check_kind_has_a_function():
     assert set(verdicts.CHECKS) == set(CHECK_FIELDS)
-    assert set(CRITERION_METRICS) <= set(METRIC_COLUMNS) | {"parameter_count", "effective_depth"}
+
+
+def test_best_is_one_of_takes_the_lowest_of_a_metric_where_lower_is_better():
+    criterion = {"text": "t", "check": "best_is_one_of", "metric": "step_time_s", "members": ["a"]}
+    fastest = evaluate_criterion(criterion, GROUP, table("step_time_s", a=1.0, b=2.0, c=1.5, d=3.0))
+    assert fastest["verdict"] == SUPPORTED and "lowest: a 1" in fastest["detail"]
+    slower = evaluate_criterion(criterion, GROUP, table("step_time_s", a=1.2, b=2.0, c=1.0, d=3.0))
+    assert slower["verdict"] == NOT_SUPPORTED and "lowest: c 1" in slower["detail"]
+    assert describe(criterion) == "the lowest of all the group's members is one of a"
 
 
 # --------------------------------------------------------------------------------- the study's own criteria
@@ -205,6 +212,11 @@ def groups_file(tmp_path: Path, old: str, new: str) -> Path:
             "criteria[1]: metric 'test_accuracy' is not a column of the results table",
         ),
         (
+            "metric: test_exact_accuracy\n        members: [exp01d",
+            "metric: test_exact_accuracy_raw\n        members: [exp01d",
+            "criteria[1]: metric 'test_exact_accuracy_raw' is not a column of the results table",
+        ),
+        (
             "        margin: 0.01\n",
             "        tolerence: 0.01\n",
             "criteria[1]: unknown field 'tolerence' for check",
@@ -230,6 +242,25 @@ def test_bad_criteria_or_guide_fields_are_refused_naming_file_group_and_field(tm
     with pytest.raises(UserError) as err:
         load_groups(path, path.parent / "experiments")
     assert f"{path}: group 'exp01': " in str(err.value) and message in str(err.value)
+
+
+def test_best_of_a_metric_or_a_pareto_front_needs_a_better_direction(tmp_path):
+    old = "check: best_is_one_of\n        metric: test_exact_accuracy\n        members: [exp03a"
+    path = groups_file(tmp_path, old, old.replace("test_exact_accuracy", "parameter_count"))
+    with pytest.raises(UserError) as err:
+        load_groups(path, path.parent / "experiments")
+    assert (
+        "group 'exp03': criteria[1]: check 'best_is_one_of' needs a metric with a better direction; "
+        in str(err.value)
+    )
+    pareto = "{x: examples_per_second, y: test_exact_accuracy, log_x: false, kind: pareto}"
+    (tmp_path / "pareto").mkdir()
+    path = groups_file(tmp_path / "pareto", pareto, pareto.replace("examples_per_second", "effective_depth"))
+    with pytest.raises(UserError) as err:
+        load_groups(path, path.parent / "experiments")
+    assert "group 'exp03': a pareto plot needs metrics with a better direction on both axes; x " in str(
+        err.value
+    )
 
 
 def test_monotonic_needs_a_direction(tmp_path):

@@ -22,11 +22,13 @@ from snakemake.settings.types import (
     Quietness,
     ResourceSettings,
 )
+from workflow_support import estimates
 
-from trm.cli import main as trm_main
 from trm.launch.job import read_job
 from trm.study.plan import plan_study
 from trm.study.scale import SMOKE_POOL
+
+pytestmark = pytest.mark.workflow
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -49,16 +51,12 @@ def planned_jobs(
         )
     kinds = collections.Counter()
     for path in map(Path, updated):
-        if path.name == "final.json":
+        if path.parent.name == "runs" and path.suffix == ".json":
             kinds["train"] += 1
         elif path.parent.name == "datasets":
             kinds["build_dataset"] += 1
         elif path.parent.name == "staged":
             kinds["stage_dataset"] += 1
-        elif path.parent.name == "eval" and path.name.endswith("-steps.json"):
-            kinds["evaluate"] += 1
-        elif path.parent.name == "eval" and path.suffix == ".json":
-            kinds["run_metrics"] += 1
         elif path.parent.name == "plots" and path.suffix == ".png":
             kinds["plot_group"] += 1
         elif path.name == "table.csv":
@@ -77,46 +75,22 @@ def parse_error(workdir: Path, config: dict | None = None) -> str:
 
 def test_dry_run_of_all_plans_67_trainings_and_the_reference_on_10_datasets(workdir):
     jobs = planned_jobs(workdir)
-    distinct_runs = len({exp.hash for exp in plan_study("smoke")})
-    assert distinct_runs < 67  # every group's baseline is one run, trained and evaluated once
-    assert jobs == {
-        "build_dataset": 10,
-        "stage_dataset": 10,
-        "train": 68,
-        "evaluate": distinct_runs,
-        "run_metrics": 68,
-        "aggregate": 1,
-        "plot_group": 14,
-    }
+    assert jobs == {"build_dataset": 10, "stage_dataset": 10, "train": 68, "aggregate": 1, "plot_group": 14}
 
 
 def test_one_experiment_by_output_path_or_config_and_one_group(workdir):
-    by_path = planned_jobs(workdir, targets={"results/smoke/runs/exp06_f/final.json"})
+    by_path = planned_jobs(workdir, targets={"results/smoke/runs/exp06_f.json"})
     assert by_path == {"build_dataset": 1, "stage_dataset": 1, "train": 1}
     by_config = planned_jobs(workdir, {"experiments": ["exp01a"]})
     assert by_config == {
         "build_dataset": 1,
         "stage_dataset": 1,
         "train": 1,
-        "evaluate": 1,
-        "run_metrics": 1,
         "aggregate": 1,
         "plot_group": 1,
     }
     assert planned_jobs(workdir, {"groups": ["exp04a"]})["train"] == 6 + 1  # and the reference
     assert planned_jobs(workdir, {"groups": ["exp04a"]})["build_dataset"] == 6
-
-
-def estimates(output: str, part: str) -> dict[str, float]:
-    """Per job of a dry run's output: the device-hours on its line labelled `part` (training or evaluation),
-    one of the two lines after the job's "train EXP: estimated" line."""
-    lines = output.splitlines()
-    found = {}
-    for i, line in enumerate(lines):
-        if ": train " in line and ": estimated on" in line:
-            (labelled,) = [x for x in lines[i + 1 : i + 3] if x.strip().startswith(f"{part}:")]
-            found[line.split("train ")[1].split(":")[0]] = float(labelled.split(":")[1].split()[0])
-    return found
 
 
 def test_dry_run_prints_estimated_training_and_evaluation_hours_per_job(workdir):
@@ -199,45 +173,10 @@ def test_parsing_writes_each_runs_job_file_once(workdir):
         assert job.run.run_dir == f"results/storage/smoke/runs/{exp.hash}"
 
 
-# -------------------------------------------------------------------------------------------- collect-run
-
-
-def test_collect_run_refuses_an_unfinished_run_or_one_missing_a_test_time_count(tmp_path, capsys):
-    run = tmp_path / "run"
-    run.mkdir()
-    for name in ("config.json", "metrics.jsonl", "final.json"):
-        (run / name).write_text("{}\n")
-    evaluation = {"checkpoint_step": 4, "results": [{"steps": 2, "count": 3}, {"steps": 16, "count": 3}]}
-    (run / "test_time.json").write_text(json.dumps(evaluation))
-    assert trm_main(["collect-run", str(run), str(tmp_path / "local")]) == 2
-    assert "no _SUCCESS" in capsys.readouterr().err
-    assert not (tmp_path / "local" / "final.json").exists()
-    (run / "_SUCCESS").write_text("")
-    # The workflow asks for its test_time_steps: a run evaluated at other counts is not complete for it.
-    assert trm_main(["collect-run", str(run), str(tmp_path / "local"), "--test-time-steps", "16,32"]) == 2
-    assert "has step counts 2,16, not 32" in capsys.readouterr().err
-    assert not (tmp_path / "local" / "final.json").exists()
-    assert trm_main(["collect-run", str(run), str(tmp_path / "local"), "--test-time-steps", "16"]) == 0
-    assert sorted(p.name for p in (tmp_path / "local").iterdir()) == [
-        "config.json",
-        "final.json",
-        "metrics.jsonl",
-        "test_time.json",
-    ]
-    out = tmp_path / "eval" / "exp-steps.json"
-    assert (
-        trm_main(["collect-evaluation", str(run / "test_time.json"), "--steps", "16", "--out", str(out)]) == 0
-    )
-    assert json.loads(out.read_text()) == {**evaluation, "results": [{"steps": 16, "count": 3}]}
-    assert out.with_suffix(".csv").read_text() == "steps,count\n16,3\n"
-
-
 # ---------------------------------------------------------------------------------------------- end to end
 
 
-def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_nothing(
-    workdir, tmp_path_factory, capsys
-):
+def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_nothing(workdir):
     config = ["--config", "experiments=[exp01a,exp04a_100,ref_paper]"]
     run = subprocess.run(
         [SNAKEMAKE, "--cores", "2", *config], cwd=workdir, capture_output=True, text=True, timeout=900
@@ -273,30 +212,25 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     ]
     assert not test_time["baseline"].any()
     assert test_time["exact_accuracy"].between(0, 1).all() and test_time["accuracy"].between(0, 1).all()
-    evaluation = json.loads((results / "eval/exp01a-steps.json").read_text())
+    # Each run's one local file is its summary, read from the run dir in storage after its _SUCCESS marker.
+    summary = json.loads((results / "runs/exp01a.json").read_text())
+    assert sorted(p.name for p in (results / "runs").iterdir()) == [
+        "exp01a.json",
+        "exp04a_100.json",
+        "ref_paper.json",
+    ]
+    run_dir = workdir / f"results/storage/smoke/runs/{summary['config_hash']}"
+    evaluation = json.loads((run_dir / "test_time.json").read_text())
     assert evaluation["results"][0]["count"] == SMOKE_POOL["test"]
     assert evaluation["weights"] in ("ema", "params")
     # At the training halt limit (16 steps) the test-time figures are the trainer's final test evaluation: one
     # pass records both, so they are equal by construction, not by tolerance. The controller ran no evaluation.
     shell_commands = run.stdout + run.stderr  # printed: profiles/default sets printshellcmds
-    assert "collect-evaluation" in shell_commands and " evaluate --checkpoint" not in shell_commands
+    assert " summarize " in shell_commands and " evaluate --checkpoint" not in shell_commands
     at_halt_limit = test_time[test_time["steps"] == 16].set_index("id")
     for row in table.itertuples():
         assert at_halt_limit.loc[row.id, "exact_accuracy"] == row.test_exact_accuracy
         assert at_halt_limit.loc[row.id, "accuracy"] == row.test_cell_accuracy
-    # An evaluation of another checkpoint than the one the run finished with is refused.
-    stale = tmp_path_factory.mktemp("stale") / "exp01a-steps.json"
-    stale.write_text(json.dumps({**evaluation, "checkpoint_step": evaluation["checkpoint_step"] - 1}))
-    args = [
-        "run-metrics",
-        str(results / "runs/exp01a"),
-        "--test-time",
-        str(stale),
-        "--output",
-        str(stale) + ".out",
-    ]
-    assert trm_main(args) == 2
-    assert "finished at step" in capsys.readouterr().err and not Path(str(stale) + ".out").exists()
     # Each selected group's criteria judged on the table; with one member per group, every one lacks data.
     verdicts = json.loads((results / "verdicts/verdicts.json").read_text())
     assert verdicts["scale"] == "smoke" and "too short to test the hypothesis" in verdicts["note"]
@@ -304,10 +238,10 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
         ("exp01", "not enough data"),
         ("exp04a", "not enough data"),
     ]
-    # The run dir in storage is named by the config hash, and holds the resolved config.
-    run_config = json.loads((results / "runs/exp01a/config.json").read_text())
-    assert (workdir / f"results/storage/smoke/runs/{table.loc[0, 'config_hash']}/_SUCCESS").exists()
-    assert run_config["arch"]["hidden_size"] == width
+    # The run dir in storage is named by the config hash, and holds the resolved config the summary carries.
+    assert (run_dir / "_SUCCESS").exists() and table.loc[0, "config_hash"] == summary["config_hash"]
+    assert summary["config"] == json.loads((run_dir / "config.json").read_text())
+    assert summary["config"]["arch"]["hidden_size"] == width
 
     # The README's command as written, after a run of a selection: it reports the runs of the table.
     report = subprocess.run(
@@ -333,4 +267,33 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     exp_file = workdir / "config/experiments/exp01a.yaml"
     exp_file.write_text(exp_file.read_text().replace("num_heads: 4", "num_heads: 2"))
     jobs = planned_jobs(workdir, {"experiments": ["exp01a", "exp04a_100"]})
-    assert jobs == {"train": 1, "evaluate": 1, "run_metrics": 1, "aggregate": 1, "plot_group": 2}
+    assert jobs == {"train": 1, "aggregate": 1, "plot_group": 2}
+    _relaunch_for_a_missing_count_and_share_a_run(workdir)
+
+
+def _relaunch_for_a_missing_count_and_share_a_run(workdir: Path) -> None:
+    """A study asking for a test-time count a finished run lacks relaunches its job, which evaluates only that count;
+    two experiments with one config (two groups' baselines) train one run and each get its summary."""
+    results = workdir / "results/smoke"
+    summaries = [f"results/smoke/runs/{exp}.json" for exp in ("exp04a_100", "exp01c", "exp04a_1000")]
+    counts = "test_time_steps={smoke: [8, 16, 32], paper: [16, 32, 64, 128]}"
+    config = ["--config", "experiments=[exp04a_100,exp01c,exp04a_1000]", counts]
+    run = subprocess.run(
+        [SNAKEMAKE, "--cores", "2", *summaries, *config],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    relaunched = json.loads((workdir / summaries[0]).read_text())
+    assert [r["steps"] for r in relaunched["test_time"]] == [8, 16, 32]
+    run_dir = workdir / "results/storage/smoke/runs" / relaunched["config_hash"]
+    host_log = (run_dir / "logs/host-0.log").read_text()
+    assert host_log.count("test-time evaluation of step counts 16,32") == 1
+    assert host_log.count("test-time evaluation of step counts 8 ") == 1  # only the missing count
+    first, second = ((workdir / path).read_text() for path in summaries[1:])
+    assert first == second and json.loads(first)["config"] == plan_study("smoke", ["exp01c"])[0].config
+    logs = [(results / f"logs/train/{exp}.log").read_text() for exp in ("exp01c", "exp04a_1000")]
+    assert "the run has not finished" in logs[0] and "[host 0]" in logs[0]
+    assert "summarised" in logs[1] and "[host 0]" not in logs[1]  # the shared run trained once

@@ -14,6 +14,8 @@ from trm.errors import UserError
 from trm.launch.job import read_job
 from trm.study.plan import check_batches, plan_study
 
+pytestmark = pytest.mark.workflow
+
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 PROFILE = ["--profile", "profiles/tpu-v4-64"]

@@ -41,12 +41,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "guides": ("trm.study.guides", "Write the study guides (docs/experiments/) from config/groups.yaml."),
     "status": ("trm.study.status", "Show every run in storage: state, progress, accuracy, time to finish."),
-    "collect-run": ("trm.analysis.collect", "Copy a finished run's config, metrics and final.json locally."),
-    "collect-evaluation": (
-        "trm.analysis.test_time",
-        "Write a collected run's final evaluation at chosen step counts (JSON, CSV).",
+    "summarize": (
+        "trm.analysis.summary",
+        "Summarise a finished run from its run dir as one local JSON file.",
     ),
-    "run-metrics": ("trm.analysis.run_metrics", "Summarise one collected run's metrics as JSON."),
     "aggregate": ("trm.analysis.aggregate", "Gather all runs of the study into one table (CSV and Parquet)."),
     "plot-group": ("trm.analysis.plots", "Plot one experiment group's main plots (PNG and SVG)."),
     "verdicts": ("trm.analysis.verdicts", "Evaluate each group's success criteria on the results table."),

@@ -6,6 +6,10 @@ spends seconds looking for TPU workers. So on a machine with no TPU we name the 
 with the CPU beside it where an NVIDIA GPU and JAX's CUDA plugin are both there, else the CPU. A TPU VM (its
 chips appear as /dev/accel* on v4, /dev/vfio/N on later generations) and any JAX_PLATFORMS the user set are
 left alone.
+
+The local launcher's hosts get their platform from the workflow setting `launch.platform` (`local_platform`):
+"cpu" (the default: laptops, CI, bit-reproducible tests), "gpu" (the machine's NVIDIA GPUs, `devices_per_host`
+of them per host, through the `[cuda]` extra), or "auto" (the GPUs where they are usable, else the CPU).
 """
 
 from __future__ import annotations
@@ -15,7 +19,14 @@ import os
 from collections.abc import MutableMapping
 from pathlib import Path
 
+from trm.errors import UserError
+
 ENV = "JAX_PLATFORMS"
+LOCAL_PLATFORMS = ("cpu", "gpu", "auto")  # the values of the workflow setting launch.platform
+NO_GPU = (
+    "launch.platform is gpu, but this machine has no NVIDIA GPU that JAX can drive (it needs /dev/nvidiactl and "
+    "JAX's CUDA plugin: pip install -e '.[cuda]'); use launch.platform: cpu or auto"
+)
 
 
 def tpu_attached(dev: Path = Path("/dev")) -> bool:
@@ -41,3 +52,23 @@ def choose_platform(environ: MutableMapping[str, str] = os.environ, dev: Path = 
         return None
     environ[ENV] = "cuda,cpu" if gpu_usable(dev) else "cpu"
     return environ[ENV]
+
+
+def local_platform(setting: str, dev: Path = Path("/dev")) -> str:
+    """ "cpu" or "gpu": what the local launcher's hosts run on for the setting `launch.platform`."""
+    if setting not in LOCAL_PLATFORMS:
+        raise UserError(f"launch.platform {setting!r}: expected one of {', '.join(LOCAL_PLATFORMS)}")
+    if setting == "auto":
+        return "gpu" if gpu_usable(dev) else "cpu"
+    if setting == "gpu" and not gpu_usable(dev):
+        raise UserError(NO_GPU)
+    return setting
+
+
+def visible_gpus(environ: MutableMapping[str, str] = os.environ, dev: Path = Path("/dev")) -> list[str]:
+    """The GPUs this process may give its hosts: CUDA_VISIBLE_DEVICES's entries when set, else /dev/nvidiaN."""
+    chosen = environ.get("CUDA_VISIBLE_DEVICES")
+    if chosen is not None:
+        return [entry.strip() for entry in chosen.split(",") if entry.strip()]
+    numbers = (path.name.removeprefix("nvidia") for path in dev.glob("nvidia[0-9]*"))
+    return [str(n) for n in sorted(int(n) for n in numbers if n.isdigit())]

@@ -3,13 +3,14 @@ r"""Gather every run of the study into one table (CSV and Parquet), the evaluati
     trm aggregate --results results/smoke --groups config/groups.yaml \
         --peak-flops 5e10 --utilization 0.1 --test-puzzles 32 --output results/smoke/table exp01a exp01b
 
-Reads, per experiment id, RESULTS/runs/<id>/config.json (the resolved config), RESULTS/eval/<id>.json
-(`trm run-metrics`) and RESULTS/benchmarks/train/<id>.tsv (Snakemake's benchmark of the training job: wall
-time). Writes OUTPUT.csv, OUTPUT.parquet (one row per run), OUTPUT-curves.csv (test exact accuracy per
-evaluation during training) and OUTPUT-test-time.csv (test accuracy per number of supervision steps at test time,
-one row per run and step count). Accelerator-hours are measured wall hours x the devices the run trained on (experiments with equal configs share one
-run and report the wall time of the job that trained it); the estimate column uses the FLOPs model of
-trm.study.estimate at the given peak FLOP/s and utilization.
+Reads, per experiment id, RESULTS/runs/<id>.json (the run's summary, `trm summarize`: its resolved config and
+metrics) and RESULTS/benchmarks/train/<id>.tsv (Snakemake's benchmark of the training job: wall time). Writes
+OUTPUT.csv, OUTPUT.parquet (one row per run: its group, its varied keys, then the metrics of
+trm/study/metrics.py's RUN_METRICS in that order, then the config keys the groups plot), OUTPUT-curves.csv (test
+accuracy per evaluation during training) and OUTPUT-test-time.csv (test accuracy per number of supervision steps
+at test time, one row per run and step count). Accelerator-hours are measured wall hours x the devices the run
+trained on (experiments with equal configs share one run and report the wall time of the job that trained it); the
+estimate column uses the FLOPs model of trm.study.estimate at the given peak FLOP/s and utilization.
 """
 
 from __future__ import annotations
@@ -20,41 +21,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trm import storage
-from trm.analysis.run_metrics import TEST_TIME_FIELDS
 from trm.config import config_value
 from trm.errors import UserError
-from trm.run import layout
 from trm.study.estimate import accelerator_hours, evaluation_flops, model_costs, training_flops
 from trm.study.groups import REFERENCE_GROUP, load_groups, load_references
+from trm.study.metrics import CURVE_METRICS, RUN_METRICS, SUMMARY_METRICS, TEST_TIME_METRICS
 
 if TYPE_CHECKING:  # pandas is imported where a table is made, so `trm aggregate --help` stays fast
     import pandas as pd
 
-METRIC_COLUMNS = (
-    "test_exact_accuracy",
-    "best_test_exact_accuracy",
-    "best_test_epoch",
-    "best_test_puzzles",
-    "test_cell_accuracy",
-    "test_exact_accuracy_raw",
-    "train_exact_accuracy",
-    "train_test_gap",
-    "mean_halt_steps",
-    "halt_steps_variance",
-    "examples_per_second",
-    "step_time_s",
-    "epochs_to_85pct",
-    "steps",
-    "epochs",
-)
-TEST_TIME_COLUMNS = ("id", "group", "baseline", *TEST_TIME_FIELDS)
+TEST_TIME_COLUMNS = ("id", "group", "baseline", *TEST_TIME_METRICS)
+CURVE_COLUMNS = ("id", "group", *CURVE_METRICS)
 
 
 def _read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise UserError(f"{path}: missing (has the run finished and been evaluated?)") from None
+        raise UserError(f"{path}: missing (`trm summarize` writes it when the run has finished)") from None
 
 
 def _wall_seconds(path: Path) -> float:
@@ -91,18 +75,28 @@ def aggregate(
     )
     rows, curves, test_time = [], [], []
     for exp_id in ids:
-        config = _read_json(results / "runs" / exp_id / layout.CONFIG)
-        metrics = _read_json(results / "eval" / f"{exp_id}.json")
+        summary = _read_json(results / "runs" / f"{exp_id}.json")
+        config = summary["config"]
         group = groups[exp_id]
         is_baseline = exp_id == group["baseline"]
         costs = model_costs(config)
         # The training job's work: training, then the evaluations (the last one to the test-time counts).
-        evaluated_steps = [result["steps"] for result in metrics["test_time"]]
+        evaluated_steps = [result["steps"] for result in summary["test_time"]]
         flops = training_flops(config, costs) + evaluation_flops(
-            config, costs, test_puzzles, evaluated_steps, metrics["devices"]
+            config, costs, test_puzzles, evaluated_steps, summary["devices"]
         )
         wall = _wall_seconds(results / "benchmarks" / "train" / f"{exp_id}.tsv")
         arch = config["arch"]
+        computed = {  # the table's own metrics (RUN_METRICS with source "table"); the rest are the summary's
+            "parameter_count": costs["parameter_count"],
+            "train_flops_per_example_step": costs["train_flops_per_example_step"],
+            "run_flops": flops,
+            "effective_depth": arch["H_cycles"] * (arch["L_cycles"] + 1) * arch["L_layers"],
+            "wall_time_s": wall,
+            "accelerator_hours": wall * summary["devices"] / 3600.0,
+            "estimated_accelerator_hours": accelerator_hours(flops, peak_flops, utilization),
+        }
+        values = {**computed, **{key: summary[key] for key in SUMMARY_METRICS}}
         rows.append(
             {
                 "id": exp_id,
@@ -110,22 +104,15 @@ def aggregate(
                 "baseline": is_baseline,
                 "varied": labels.get(exp_id)
                 or ", ".join(f"{k.split('.')[-1]}={config_value(config, k)}" for k in group["varies"]),
-                "config_hash": metrics["config_hash"],
-                "parameter_count": costs["parameter_count"],
-                "train_flops_per_example_step": costs["train_flops_per_example_step"],
-                "run_flops": flops,
-                "effective_depth": arch["H_cycles"] * (arch["L_cycles"] + 1) * arch["L_layers"],
-                **{m: metrics[m] for m in METRIC_COLUMNS},
-                "wall_time_s": wall,
-                "accelerator_hours": wall * metrics["devices"] / 3600.0,
-                "estimated_accelerator_hours": accelerator_hours(flops, peak_flops, utilization),
+                "config_hash": summary["config_hash"],
+                **{key: values[key] for key in RUN_METRICS},
                 **{key: config_value(config, key) for key in plot_keys},
             }
         )
-        curves += [{"id": exp_id, "group": group["id"], **point} for point in metrics["curve"]]
+        curves += [{"id": exp_id, "group": group["id"], **point} for point in summary["curve"]]
         test_time += [
             {"id": exp_id, "group": group["id"], "baseline": is_baseline, **result}
-            for result in metrics["test_time"]
+            for result in summary["test_time"]
         ]
     import pandas as pd
 
@@ -135,7 +122,7 @@ def aggregate(
         table[column] = table.groupby("config_hash")[column].transform("max")
     return (
         table,
-        pd.DataFrame(curves, columns=["id", "group", "epoch", "test_exact_accuracy", "test_cell_accuracy"]),
+        pd.DataFrame(curves, columns=CURVE_COLUMNS),
         pd.DataFrame(test_time, columns=TEST_TIME_COLUMNS),
     )
 

@@ -24,30 +24,16 @@ from trm import storage
 from trm.analysis.aggregate import read_table
 from trm.errors import UserError
 from trm.study.groups import REFERENCE_GROUP, load_groups
+from trm.study.metrics import CURVE_METRICS, PLOT_METRICS, TEST_TIME_METRICS
 
 # pandas and matplotlib are imported where a plot is drawn: `trm plot-group --help` stays fast.
 if TYPE_CHECKING:
     import pandas as pd
 
-# Axis labels with units, for metrics and the config keys the groups plot against.
+# Axis labels of what is not a metric (metrics: trm/study/metrics.py): the member axis and the config keys the groups
+# plot against.
 LABELS = {
     "member": "experiment",
-    "parameter_count": "parameters (count)",
-    "effective_depth": "effective depth (layer applications per step)",
-    "examples_per_second": "training throughput (examples/s)",
-    "step_time_s": "training step time (s)",
-    "epoch": "training epochs",
-    "test_time_steps": "test-time supervision steps (count, log scale)",
-    "mean_halt_steps": "mean halt steps (supervision steps)",
-    "halt_steps_variance": "halt-step variance (steps²)",
-    "test_exact_accuracy": "test exact accuracy (fraction of puzzles)",
-    "test_cell_accuracy": "test cell accuracy (fraction of cells)",
-    "exact_accuracy": "test exact accuracy (fraction of puzzles)",
-    "accuracy": "test cell accuracy (fraction of cells)",
-    "test_exact_accuracy_raw": "test exact accuracy, raw weights (fraction)",
-    "train_exact_accuracy": "train exact accuracy (fraction of puzzles)",
-    "train_test_gap": "train − test exact accuracy (fraction)",
-    "epochs_to_85pct": "epochs to 85% test exact accuracy (epochs)",
     "data.train_puzzles": "training puzzles (count)",
     "data.num_aug": "augmentations per puzzle (count)",
     "train.global_batch_size": "global batch size (examples)",
@@ -55,7 +41,11 @@ LABELS = {
 
 
 def label(name: str) -> str:
-    return LABELS.get(name, name)
+    """The axis label of a metric of the table or the curves, a config key or `member`."""
+    if name in LABELS:
+        return LABELS[name]
+    metric = PLOT_METRICS.get(name) or CURVE_METRICS.get(name)
+    return metric.axis_label if metric else name
 
 
 # Accuracies are fractions: an accuracy axis spans at least 5 points, so that a 0.1-point difference (0.7384 vs
@@ -107,15 +97,18 @@ def _accuracy_span(ax) -> None:
 
 
 def _pareto_front(points: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
-    """Points no other point beats on both x and y (higher is better on both)."""
+    """Points no other point beats on both x and y (each metric's better direction: trm/study/metrics.py)."""
     import pandas as pd
 
-    ordered = points.sort_values([x, y], ascending=False)
+    sign_x, sign_y = (1 if PLOT_METRICS[axis].higher_is_better else -1 for axis in (x, y))
+    ordered = points.assign(_x=sign_x * points[x], _y=sign_y * points[y]).sort_values(
+        ["_x", "_y"], ascending=False
+    )
     front, best = [], float("-inf")
     for _, row in ordered.iterrows():
-        if row[y] > best:
-            front.append(row)
-            best = row[y]
+        if row["_y"] > best:
+            front.append(row.drop(["_x", "_y"]))
+            best = row["_y"]
     return pd.DataFrame(front).sort_values(x)
 
 
@@ -182,8 +175,8 @@ def _test_time_panel(ax, group: dict, test_time: pd.DataFrame, refs: pd.DataFram
     """Test exact accuracy after each evaluated number of supervision steps, one line per member."""
     ax.set_title("accuracy vs test-time supervision steps", fontsize="medium")
     y = _metric(test_time, "exact_accuracy", ax)
-    ax.set_xlabel(label("test_time_steps"))
-    ax.set_ylabel(label(y))
+    ax.set_xlabel(f"{TEST_TIME_METRICS['steps'].axis_label}, log scale")
+    ax.set_ylabel(TEST_TIME_METRICS[y].axis_label)
     ax.grid(alpha=0.3)
     ax.set_xscale("log", base=2)
     steps = sorted(test_time["steps"].unique())

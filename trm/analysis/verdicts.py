@@ -27,6 +27,7 @@ from trm.errors import UserError
 from trm.study.groups import format_number as _fmt
 from trm.study.groups import load_groups
 from trm.study.groups import signed as _signed
+from trm.study.metrics import CRITERION_METRICS
 from trm.study.scale import SCALES
 
 if TYPE_CHECKING:  # pandas is imported where a table is read, so `trm verdicts --help` stays fast
@@ -98,12 +99,14 @@ def at_most(criterion: dict, values: dict[str, float], group: dict) -> tuple[boo
 
 
 def best_is_one_of(criterion: dict, values: dict[str, float], group: dict) -> tuple[bool, str]:
-    """The group member with the highest metric is one of the criterion's members (a tie counts)."""
-    best = max(group["members"], key=values.__getitem__)
-    ok = any(values[m] >= values[best] - SLACK for m in criterion["members"])
+    """The group member with the best metric (the highest, or the lowest where lower is better:
+    trm/study/metrics.py) is one of the criterion's members (a tie counts)."""
+    sign = 1 if CRITERION_METRICS[criterion["metric"]].higher_is_better else -1
+    best = max(group["members"], key=lambda m: sign * values[m])
+    ok = any(sign * values[m] >= sign * values[best] - SLACK for m in criterion["members"])
     return ok, (
-        f"highest: {best} {_fmt(values[best])}; candidates {_listing(criterion['members'], values)}: "
-        f"{'one of them is the best' if ok else 'none is the best'}"
+        f"{'highest' if sign > 0 else 'lowest'}: {best} {_fmt(values[best])}; candidates "
+        f"{_listing(criterion['members'], values)}: {'one of them is the best' if ok else 'none is the best'}"
     )
 
 

@@ -44,7 +44,15 @@ BACKENDS: dict[str, str] = {"local": "trm.launch.local", "tpu-vm": "trm.launch.t
 # Trainer arguments the launcher sets itself on every host.
 RESERVED_ARGS = ("--coordinator", "--num-processes", "--process-id", "--distributed-auto")
 # Trainer arguments a job file gives (after `--job`, none may follow `--`).
-RUN_ARGS = ("--config", "--config-hash", "--set", "--data", "--run-dir", "--test-time-steps")
+RUN_ARGS = (
+    "--config",
+    "--config-hash",
+    "--set",
+    "--data",
+    "--run-dir",
+    "--test-time-steps",
+    "--test-time-subset",
+)
 EXIT_LEASE_LOST = 1  # another launcher took the run over while this one trained it (it says so on stdout)
 
 

@@ -8,6 +8,7 @@ train rule runs `trm launch --job FILE`. A job file is canonical JSON with these
   data              URL of the staged dataset
   run_dir           URL of the run directory
   test_time_steps   the supervision step counts of the final evaluation (trm/train/test_time.py), may be []
+  test_time_subset  the test puzzles those counts are scored on (`trm train --test-time-subset`), null: all
   backend           local or tpu-vm (trm/launch/cli.py)
   hosts, devices_per_host   the job's shape
   tpu               the tpu-vm backend's settings: the workflow's launch.tpu keys (trm/launch/tpu_options.py),
@@ -34,6 +35,7 @@ KEYS = (
     "data",
     "run_dir",
     "test_time_steps",
+    "test_time_subset",
     "backend",
     "hosts",
     "devices_per_host",
@@ -51,6 +53,7 @@ class Job:
     hosts: int
     devices_per_host: int
     tpu: dict  # launch.tpu's launcher settings, merged (see the module docstring)
+    test_time_subset: int | None = None
 
     @property
     def devices(self) -> int:
@@ -63,6 +66,7 @@ class Job:
             "data": self.run.data,
             "run_dir": self.run.run_dir,
             "test_time_steps": list(self.test_time_steps),
+            "test_time_subset": self.test_time_subset,
             "backend": self.backend,
             "hosts": self.hosts,
             "devices_per_host": self.devices_per_host,
@@ -91,6 +95,8 @@ class Job:
         ]
         if self.test_time_steps:
             args += ["--test-time-steps", ",".join(map(str, self.test_time_steps))]
+        if self.test_time_subset is not None:
+            args += ["--test-time-subset", str(self.test_time_subset)]
         return args
 
 
@@ -119,8 +125,10 @@ def read_job(path: str) -> Job:
         isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in steps
     ):
         raise UserError(f"{path}: test_time_steps {steps!r}: expected a list of positive integers")
+    subset = record["test_time_subset"]
+    if subset is not None and (not isinstance(subset, int) or isinstance(subset, bool) or subset < 1):
+        raise UserError(f"{path}: test_time_subset {subset!r}: expected a positive integer or null")
     config = validate_config(record["config"], source=f"{path}: config")
     run = Run(config, record["config_hash"], record["data"], record["run_dir"])
-    return Job(
-        run, tuple(steps), record["backend"], record["hosts"], record["devices_per_host"], record["tpu"]
-    )
+    shape = record["backend"], record["hosts"], record["devices_per_host"], record["tpu"]
+    return Job(run, tuple(steps), *shape, subset)

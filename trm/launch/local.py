@@ -1,6 +1,7 @@
-"""The local backend: a multi-host job as H processes on this machine, each with D CPU devices.
+"""The local backend: a multi-host job as H processes on this machine, each with D CPU devices (or D GPUs).
 
-Each process runs `trm train <train args>` with JAX_PLATFORMS=cpu, JAX_NUM_CPU_DEVICES=D, malloc on huge pages
+Each process runs `trm train <train args>` with JAX_PLATFORMS=cpu, JAX_NUM_CPU_DEVICES=D (on GPUs, with
+`launch.platform` gpu or auto: JAX_PLATFORMS=cuda and its own D GPUs in CUDA_VISIBLE_DEVICES), malloc on huge pages
 (MALLOC_HUGE_PAGES) and, for H > 1, the coordinator 127.0.0.1:<free port>, its process id and short failure
 timeouts in TRM_* variables (see trm/run/distributed.py); H = 1 is a plain single-process run. Output is
 streamed line by line with a "[host i]" prefix. When a host fails the others are killed; SIGTERM and SIGINT are
@@ -19,8 +20,11 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trm.errors import UserError
+from trm.platform import local_platform, visible_gpus
 from trm.run import distributed
 from trm.run.lifetime import ENV_LAUNCHER_PID
 from trm.run.state import EXIT_PREEMPTED
@@ -69,12 +73,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def host_environment(base: dict[str, str], hosts: int, devices: int, index: int, port: int) -> dict[str, str]:
-    """The environment of host `index`: CPU devices and, for several hosts, how to reach the coordinator."""
+def host_environment(
+    base: dict[str, str], hosts: int, devices: int, index: int, port: int, gpus: list[str] | None = None
+) -> dict[str, str]:
+    """The environment of host `index`: its devices (`devices` CPU devices, or with `gpus`, the machine's GPUs
+    to share out, its own `devices` of them) and, for several hosts, how to reach the coordinator."""
     env = dict(base)
     env["GLIBC_TUNABLES"] = with_tunable(env.get("GLIBC_TUNABLES", ""), *MALLOC_HUGE_PAGES)
-    env["JAX_PLATFORMS"] = "cpu"
-    env["JAX_NUM_CPU_DEVICES"] = str(devices)
+    if gpus is None:
+        env["JAX_PLATFORMS"] = "cpu"
+        env["JAX_NUM_CPU_DEVICES"] = str(devices)
+    else:
+        env["JAX_PLATFORMS"] = "cuda"
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[index * devices : (index + 1) * devices])
+        env.pop("JAX_NUM_CPU_DEVICES", None)
     env["PYTHONUNBUFFERED"] = "1"
     for name in (distributed.ENV_DISTRIBUTED, distributed.ENV_COORDINATOR):
         env.pop(name, None)
@@ -101,14 +113,35 @@ def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode  # killed by signal N -> 128 + N, as shells do
 
 
+def host_gpus(
+    platform: str, hosts: int, devices_per_host: int, environ=os.environ, dev: Path = Path("/dev")
+) -> list[str] | None:
+    """The GPUs to share out among the hosts for `launch.platform` (None: the hosts run on the CPU); a UserError
+    when the machine has fewer than the job needs."""
+    if local_platform(platform, dev) == "cpu":
+        return None
+    gpus = visible_gpus(environ, dev)
+    if len(gpus) < hosts * devices_per_host:
+        raise UserError(
+            f"the job needs {hosts} hosts x {devices_per_host} GPUs, and this machine shows {len(gpus)} "
+            f"({', '.join(gpus) or 'none'}): lower launch.hosts or launch.devices_per_host"
+        )
+    return gpus
+
+
 def run_hosts(
-    hosts: int, devices_per_host: int, train_args: list[str], lease_lost: threading.Event | None = None
+    hosts: int,
+    devices_per_host: int,
+    train_args: list[str],
+    lease_lost: threading.Event | None = None,
+    platform: str = "cpu",
 ) -> int:
     """Run `trm train train_args` on `hosts` local processes; 0 if all succeed, 42 if preempted, else a failure."""
+    gpus = host_gpus(platform, hosts, devices_per_host)
     port = free_port()
     command = [sys.executable, "-m", "trm.cli", "train", *train_args]
     environ = dict(os.environ)
-    envs = [host_environment(environ, hosts, devices_per_host, index, port) for index in range(hosts)]
+    envs = [host_environment(environ, hosts, devices_per_host, index, port, gpus) for index in range(hosts)]
     return run_processes([command] * hosts, envs, lease_lost)
 
 

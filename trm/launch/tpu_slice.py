@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from trm.errors import UserError
-from trm.launch import gcloud
+from trm.launch import gcloud, slice_ledger
 from trm.launch.tpu_options import TpuOptions
 
 CREATE_TIMEOUT_S = 300.0
@@ -113,6 +113,8 @@ class Slice:
         self.log(f"create queued resource: {' '.join(argv[:6])} ...")
         done = gcloud.run(argv, CREATE_TIMEOUT_S)
         kind = gcloud.classify(done)
+        if kind == "transient" or kind == "ok":  # recorded even when unsure: the study's end checks it exists
+            slice_ledger.record_created(o.lock_dir, self.name, o.where, o.accelerator_type)
         if kind == "ok" or "ALREADY_EXISTS" in done.stderr:
             return
         message = gcloud.error_line(done.stderr)
@@ -186,6 +188,7 @@ class Slice:
         argv = gcloud.delete_queued_resource(self.name, self.options.where)
         done = gcloud.run(argv, self.options.gcloud_timeout_seconds)
         if gcloud.classify(done) in ("ok", "not_found"):
+            slice_ledger.record_deleted(self.options.lock_dir, self.name, self.options.where)
             return True
         self.log(f"delete queued resource {self.name} failed: {gcloud.error_line(done.stderr)}")
         return False

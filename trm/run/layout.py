@@ -9,13 +9,14 @@ A run dir is a local path, file:// or gs:// URL; the study names it by its confi
   status.json       the trainer's state, progress and heartbeat (trm/run/state.py)
   launch.json       the launcher's state (trm/run/state.py)
   lease.json        which launcher trains the run now (trm/run/lease.py); lease.lock beside it on local paths
-  test_time.json    the final evaluation at every test-time step count (`trm evaluate --out`'s JSON)
+  test_time.json    the final evaluation at every test-time step count (`trm evaluate --out`'s JSON, and which
+                    rows each count was scored on)
   test_time.progress.json   its sums so far, also saved at its end: to continue it (trm/train/test_time.py)
   final.json        the final evaluation and the run's summary
   provenance.json   where imported weights came from (`trm import-torch`)
   _SUCCESS          written last: the run finished
 
-`trm collect-run` copies COLLECTED into a local folder of the same layout (final.json last).
+`trm summarize` reads config.json, metrics.jsonl, test_time.json and final.json of a finished run.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ TEST_TIME_PROGRESS = "test_time.progress.json"
 FINAL = "final.json"
 PROVENANCE = "provenance.json"
 SUCCESS = "_SUCCESS"
-COLLECTED = (CONFIG, METRICS, TEST_TIME, FINAL)  # final.json last: its presence marks a complete copy
 
 
 def path(run_dir: str, name: str) -> str:

@@ -18,6 +18,7 @@ from trm.study.estimate import (
     accelerator_hours,
     compiled_run_hours,
     compiled_step_seconds,
+    describe_evaluation,
     evaluation_flops,
     evaluation_passes,
     training_flops,
@@ -44,7 +45,12 @@ class Costs:
             devices = study.job_devices(exp.id)
             if seconds := self._compiled_seconds(exp):
                 self.hours[exp.id] = compiled_run_hours(
-                    exp.config, seconds, devices, self.test_puzzles, study.test_time_steps
+                    exp.config,
+                    seconds,
+                    devices,
+                    self.test_puzzles,
+                    study.test_time_steps,
+                    study.test_time_subset,
                 )
                 self.compiled.add(exp.id)
                 continue
@@ -52,7 +58,12 @@ class Costs:
             flops = {
                 "training": training_flops(exp.config, costs),
                 "evaluation": evaluation_flops(
-                    exp.config, costs, self.test_puzzles, study.test_time_steps, devices
+                    exp.config,
+                    costs,
+                    self.test_puzzles,
+                    study.test_time_steps,
+                    devices,
+                    study.test_time_subset,
                 ),
             }
             peak, utilization = self.accelerator["peak_flops"], self.accelerator["utilization"]
@@ -122,22 +133,18 @@ class Costs:
         if first != exp_id:
             return f"train {exp_id}: same config as {first}, whose run it collects (no training)"
         hours, devices = self.hours[exp_id], study.job_devices(exp_id)
-        passes = evaluation_passes(
-            study.plan[exp_id].config, self.test_puzzles, study.test_time_steps, devices
-        )
-        count, rows, steps = passes["intermediate"]
-        _, final_rows, final_steps = passes["final"]
+        steps = study.test_time_steps
+        config = study.plan[exp_id].config
+        passes = evaluation_passes(config, self.test_puzzles, steps, devices, study.test_time_subset)
         source = (
             "at its compiled steps' roofline times, a best case"
             if exp_id in self.compiled
             else f"from its FLOPs and batch at {self._assumed()}"
         )
         unit = self.device_hours
-        counts = ",".join(map(str, study.test_time_steps))
         return (
             f"train {exp_id}: estimated on the job's {devices} devices, {source}\n"
             f"    training:   {hours['training']:.4g} {unit} ({hours['training'] / devices:.3g} h on them)\n"
             f"    evaluation: {hours['evaluation']:.4g} {unit} ({hours['evaluation'] / devices:.3g} h on them): "
-            f"{count} x {rows} rows x {steps} steps during training, {final_rows} rows x {final_steps} steps at "
-            f"the end (every test_time_steps count {counts} in one pass)"
+            f"{describe_evaluation(passes, steps)}"
         )

@@ -3,9 +3,10 @@
 Training: `steps x global_batch_size x` the FLOPs of one supervision step of one example (forward of all
 recursions, backward of the last; trm/model/flops.py). Evaluation, as the trainer runs it (`evaluation_passes`): at
 the end of every `eval_interval` epochs but the last, `eval_steps` forward supervision steps on each of the first
-`eval_subset` test puzzles; at the end, one pass over the whole test split to the largest of `eval_steps` and the
-test-time step counts (the smaller counts are recorded on the way, trm/train/test_time.py). Every row of a batch
-is computed, so the puzzles are rounded up to whole batches.
+`eval_subset` test puzzles; at the end (trm/train/test_time.py), one pass over the whole test split to the largest
+of `eval_steps` and the test-time step counts (the smaller counts are recorded on the way), or, with a test-time
+subset, one pass over the whole split to `eval_steps` and one over the subset to the largest count. Every row of a
+batch is computed, so the puzzles are rounded up to whole batches.
 Accelerator-hours = FLOPs / (peak FLOP/s per device x utilization) / 3600; the number of devices changes the
 wall time, not the device-hours. Compilation and input pipeline time are not included.
 
@@ -54,12 +55,17 @@ def training_flops(config: dict, costs: dict) -> float:
 
 
 def evaluation_passes(
-    config: dict, test_puzzles: int, test_time_steps: Sequence[int], devices: int = 1
+    config: dict,
+    test_puzzles: int,
+    test_time_steps: Sequence[int],
+    devices: int = 1,
+    test_time_subset: int | None = None,
 ) -> dict[str, tuple]:
     """The trainer's evaluations of a run, each as (evaluations, rows, supervision steps): "intermediate" (on
-    `eval_subset` puzzles) and "final" (the whole test split, one pass to the largest count). Rows are whole
-    batches, and fewer puzzles than one batch run in one batch just large enough for them on `devices`
-    (trm/train/evaluator.py)."""
+    `eval_subset` puzzles), "final" (the whole test split) and "test_time" (the test-time curve on
+    `test_time_subset` puzzles, trm/train/test_time.py: 0 evaluations when the final pass scores the curve, to the
+    largest count, on the whole split). Rows are whole batches, and fewer puzzles than one batch run in one batch
+    just large enough for them on `devices` (trm/train/evaluator.py)."""
     train = config["train"]
 
     def rows(puzzles: int) -> int:
@@ -67,17 +73,38 @@ def evaluation_passes(
         return math.ceil(puzzles / batch) * batch
 
     subset = test_puzzles if train["eval_subset"] is None else min(train["eval_subset"], test_puzzles)
+    longest = max((train["eval_steps"], *test_time_steps))
+    # As the trainer decides (trm/train/test_time.py, curve_rows): a subset smaller than the split, if any curve.
+    on_subset = bool(test_time_steps) and test_time_subset is not None and test_time_subset < test_puzzles
     return {
         "intermediate": (train["epochs"] // train["eval_interval"] - 1, rows(subset), train["eval_steps"]),
-        "final": (1, rows(test_puzzles), max(train["eval_steps"], *test_time_steps)),
+        "final": (1, rows(test_puzzles), train["eval_steps"] if on_subset else longest),
+        "test_time": (1, rows(test_time_subset), longest) if on_subset else (0, 0, 0),
     }
 
 
+def describe_evaluation(passes: dict[str, tuple], test_time_steps: Sequence[int]) -> str:
+    """`evaluation_passes` in words, for the plan's per-job estimate."""
+    count, rows, steps = passes["intermediate"]
+    _, final_rows, final_steps = passes["final"]
+    text = f"{count} x {rows} rows x {steps} steps during training, {final_rows} rows x {final_steps} steps at the end"
+    counts = ",".join(map(str, test_time_steps))
+    curves, curve_rows, curve_steps = passes["test_time"]
+    if not curves:
+        return f"{text} (every test_time_steps count {counts} in one pass)"
+    return f"{text}, then {curve_rows} rows x {curve_steps} steps on the test-time subset (counts {counts})"
+
+
 def evaluation_flops(
-    config: dict, costs: dict, test_puzzles: int, test_time_steps: Sequence[int], devices: int = 1
+    config: dict,
+    costs: dict,
+    test_puzzles: int,
+    test_time_steps: Sequence[int],
+    devices: int = 1,
+    test_time_subset: int | None = None,
 ) -> float:
     """FLOPs of a run's evaluations (`evaluation_passes`): forward supervision steps of every row evaluated."""
-    passes = evaluation_passes(config, test_puzzles, test_time_steps, devices).values()
+    passes = evaluation_passes(config, test_puzzles, test_time_steps, devices, test_time_subset).values()
     return float(
         sum(count * rows * steps for count, rows, steps in passes) * costs["eval_flops_per_example_step"]
     )
@@ -126,13 +153,18 @@ def compiled_step_seconds(config: dict, compile_dir: str | Path) -> dict | None:
 
 
 def compiled_run_hours(
-    config: dict, seconds: dict, devices: int, test_puzzles: int, test_time_steps: Sequence[int]
+    config: dict,
+    seconds: dict,
+    devices: int,
+    test_puzzles: int,
+    test_time_steps: Sequence[int],
+    test_time_subset: int | None = None,
 ) -> dict[str, float]:
     """Device-hours of a run's training and of its evaluations (`evaluation_passes`) when its steps take `seconds`
     (compiled_step_seconds: the eval step for a batch of global_batch_size rows) on each of `devices`; a batch
     smaller than that counts as its fraction of the compiled one."""
     batch = config["train"]["global_batch_size"]
-    passes = evaluation_passes(config, test_puzzles, test_time_steps, devices).values()
+    passes = evaluation_passes(config, test_puzzles, test_time_steps, devices, test_time_subset).values()
     evaluation = sum(count * rows / batch * steps for count, rows, steps in passes) * seconds["eval"]
     training = training_steps(config) * seconds["train"]
     return {"training": training * devices / 3600.0, "evaluation": evaluation * devices / 3600.0}

@@ -8,6 +8,7 @@ from pathlib import Path
 from trm.config import CONFIG_DIR, EXPERIMENTS_DIR, config_value, experiment_ids, read_mapping, schema
 from trm.config.schema import text
 from trm.errors import UserError
+from trm.study.metrics import CRITERION_METRICS, PLOT_METRICS
 
 GROUPS_PATH = CONFIG_DIR / "groups.yaml"
 # The table's group of the reference experiments (groups.yaml `references`): drawn in every group's plots.
@@ -31,28 +32,6 @@ EXCEPTION_FIELDS = ("member", "keys", "reason")
 GUIDE_FIELDS = ("hypothesis", "expected", "how_to_read", "fixed")  # free text of the study guide
 PLOT_FIELDS = ("x", "y", "log_x", "kind")
 PLOT_KINDS = ("line", "pareto", "curve")
-# Quantities a plot or a criterion may use besides config keys; the analysis code computes them from each run's
-# outputs. Every one but `epoch` (the x of curves over training) is a column of the results table.
-METRICS = {
-    "parameter_count": "parameters of the model",
-    "effective_depth": "layer applications per supervision step, H_cycles x (L_cycles + 1) x L_layers",
-    "examples_per_second": "training throughput, examples/s (median over the run)",
-    "step_time_s": "training step time in seconds, global batch / examples per second",
-    "epoch": "training epochs (x axis of curves over training)",
-    "mean_halt_steps": "mean supervision steps a training example used before halting (last eval interval)",
-    "halt_steps_variance": "variance of the supervision steps before halting",
-    "test_exact_accuracy": "fraction of test puzzles solved exactly at the end (EMA weights when EMA is on)",
-    "best_test_exact_accuracy": (
-        "highest test exact accuracy of the run's evaluations (the intermediate ones on train.eval_subset "
-        "puzzles, the last on the full test split)"
-    ),
-    "test_cell_accuracy": "fraction of test cells right at the end",
-    "test_exact_accuracy_raw": "test exact accuracy of the raw (non-EMA) weights",
-    "train_exact_accuracy": "fraction of training puzzles solved exactly (last eval interval)",
-    "train_test_gap": "train exact accuracy minus test exact accuracy",
-    "epochs_to_85pct": "epochs to the first evaluation at or above 85% test exact accuracy",
-}
-CRITERION_METRICS = tuple(m for m in METRICS if m != "epoch")
 CRITERION_FIELDS = ("text", "check", "metric", "members")
 # Check kind -> (fields it requires, fields it allows) besides CRITERION_FIELDS. The checks themselves are
 # trm.analysis.verdicts.CHECKS; config/groups.yaml's header says what each one means.
@@ -107,6 +86,11 @@ def _criterion_errors(criterion, where: str, members: list[str]) -> list[str]:
             f"{where}: metric {criterion['metric']!r} is not a column of the results table "
             f"(one of {', '.join(CRITERION_METRICS)})"
         )
+    elif kind == "best_is_one_of" and CRITERION_METRICS[criterion["metric"]].higher_is_better is None:
+        errors.append(
+            f"{where}: check 'best_is_one_of' needs a metric with a better direction; "
+            f"{criterion['metric']!r} has none (trm/study/metrics.py)"
+        )
     for field in ("members", "reference"):
         if field not in criterion:
             continue
@@ -147,7 +131,8 @@ def describe(criterion: dict) -> str:
     """The machine check of a criterion in words (its metric aside), e.g. 'each of exp01d, exp01e <= exp01c + 0.01'."""
     kind, members = criterion["check"], ", ".join(criterion["members"])
     if kind == "best_is_one_of":
-        return f"the highest of all the group's members is one of {members}"
+        best = "highest" if CRITERION_METRICS[criterion["metric"]].higher_is_better else "lowest"
+        return f"the {best} of all the group's members is one of {members}"
     if kind == "monotonic":
         wrong_way = "falls" if criterion["direction"] == "increasing" else "rises"
         tolerance = format_number(criterion.get("tolerance", 0))
@@ -281,12 +266,19 @@ def load_groups(path: str | Path = GROUPS_PATH, experiments_dir: str | Path = EX
             if not isinstance(plot, dict) or sorted(plot) != sorted(PLOT_FIELDS):
                 errors.append(f"{name}: a plot needs exactly the fields {', '.join(PLOT_FIELDS)}")
                 continue
-            if plot["x"] not in keys | set(METRICS) | {"member"}:
+            if plot["x"] not in keys | set(PLOT_METRICS) | {"member"}:
                 errors.append(f"{name}: plot x {plot['x']!r} is neither a config key, a metric nor 'member'")
-            if plot["y"] not in keys | set(METRICS):
+            if plot["y"] not in keys | set(PLOT_METRICS):
                 errors.append(f"{name}: plot y {plot['y']!r} is neither a config key nor a metric")
             if plot["kind"] not in PLOT_KINDS:
                 errors.append(f"{name}: plot kind {plot['kind']!r} is not one of {', '.join(PLOT_KINDS)}")
+            elif plot["kind"] == "pareto":
+                errors += [
+                    f"{name}: a pareto plot needs metrics with a better direction on both axes; {axis} "
+                    f"{plot[axis]!r} has none (trm/study/metrics.py)"
+                    for axis in ("x", "y")
+                    if plot[axis] not in PLOT_METRICS or PLOT_METRICS[plot[axis]].higher_is_better is None
+                ]
         errors += _guide_errors(group, name)
     files = set(experiment_ids(experiments_dir))
     errors += [

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from trm import storage
 from trm.config import CONFIG_DIR, EXPERIMENTS_DIR, config_value, load_config
-from trm.study.groups import GROUPS_PATH, METRICS, describe, load_groups
+from trm.study.groups import GROUPS_PATH, describe, load_groups
+from trm.study.metrics import CURVE_METRICS, PLOT_METRICS, RUN_METRICS, TEST_TIME_METRICS, Metric
 
 DOCS_DIR = CONFIG_DIR.parent / "docs" / "experiments"
 GENERATED = (
@@ -68,7 +69,9 @@ def _metric_lines(group: dict) -> list[str]:
     names = [p[axis] for p in group["plots"] for axis in ("x", "y")] + [
         c["metric"] for c in group["criteria"]
     ]
-    return [f"- `{name}`: {METRICS[name]}." for name in dict.fromkeys(names) if name in METRICS]
+    return [
+        f"- `{name}`: {PLOT_METRICS[name].meaning}." for name in dict.fromkeys(names) if name in PLOT_METRICS
+    ]
 
 
 def _plot_lines(group: dict) -> list[str]:
@@ -183,7 +186,41 @@ def index(groups: list[dict]) -> str:
         lines.append(
             f"| [{g['id']}]({g['id']}.md) | {g['title']} | {len(g['members'])} | {varies} | {g['hypothesis']} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _metrics_section()) + "\n"
+
+
+def _metric_table(metrics: dict[str, Metric]) -> list[str]:
+    better = {True: "higher", False: "lower", None: "neither"}
+    lines = ["| metric | meaning | unit | better |", "|---|---|---|---|"]
+    return lines + [
+        f"| `{m.key}` | {m.meaning} | {m.unit} | {better[m.higher_is_better]} |" for m in metrics.values()
+    ]
+
+
+def _metrics_section() -> list[str]:
+    """The metrics of the three result tables, from their one definition (trm/study/metrics.py)."""
+    return [
+        "",
+        "## Metrics",
+        "",
+        "Defined once in trm/study/metrics.py. A group's plots and criteria (config/groups.yaml) name the run",
+        "metrics (the columns of `results/<scale>/table.csv`, one row per experiment; a plot's x may also be a",
+        "config key, `member` or, for curves, `epoch`). `best_is_one_of` and Pareto fronts use the better direction.",
+        "There is no accuracy of the raw (non-EMA) weights of an EMA run: the trainer evaluates the weights it",
+        "checkpoints (the EMA weights when EMA is on, as the original does), and exp08 compares runs trained with and",
+        "without EMA, as the paper's 79.9% vs 87.4% does.",
+        "",
+        *_metric_table(RUN_METRICS),
+        "",
+        "Curves over training (`table-curves.csv`, one row per evaluation):",
+        "",
+        *_metric_table(CURVE_METRICS),
+        "",
+        "Test-time scaling (`table-test-time.csv`, one row per run and number of supervision steps at test time; the",
+        "trainer's final evaluation on the whole test split, trm/train/evaluator.py):",
+        "",
+        *_metric_table(TEST_TIME_METRICS),
+    ]
 
 
 def guides(groups_path: Path = GROUPS_PATH, experiments_dir: Path = EXPERIMENTS_DIR) -> dict[str, str]:

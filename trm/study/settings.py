@@ -68,6 +68,7 @@ def _typed(text: str, spec: dict) -> Any:
     value = yaml.safe_load(text) if text.strip() else text
     if (
         _accepts(spec, "boolean", value)
+        or _accepts(spec, "null", value)
         or _accepts(spec, "integer", value)
         or _accepts(spec, "number", value)
     ):
@@ -78,7 +79,9 @@ def _typed(text: str, spec: dict) -> Any:
 def _accepts(spec: dict, kind: str, value: Any) -> bool:
     """Whether `spec` (or one of its `oneOf` branches) is of JSON type `kind` and takes `value`'s Python type."""
     branches = spec.get("oneOf", [spec])
-    python = {"string": str, "boolean": bool, "integer": int, "number": (int, float)}[kind]
+    python = {"string": str, "boolean": bool, "null": type(None), "integer": int, "number": (int, float)}[
+        kind
+    ]
     if kind != "boolean" and isinstance(value, bool):
         return False
     for branch in branches:

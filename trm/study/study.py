@@ -30,7 +30,6 @@ from trm.config import experiment_ids
 from trm.errors import UserError
 from trm.launch import tpu_options
 from trm.launch.job import Job
-from trm.run import layout
 from trm.run.spec import Run
 from trm.storage import GCS_SCHEMES, check_url
 from trm.storage import join as url_join
@@ -113,6 +112,9 @@ class Study:
         self.results = os.path.join(config["results"], self.scale)
         self.storage = url_join(config["storage"], self.scale)
         self.test_time_steps: list[int] = config["test_time_steps"][self.scale]
+        self.test_time_subset: int | None = config["test_time_subset"][
+            self.scale
+        ]  # None: the whole test split
         self.selected_groups = list(
             dict.fromkeys(e.group for e in self.plan.values() if e.group != REFERENCE_GROUP)
         )
@@ -217,7 +219,8 @@ class Study:
         run = Run(exp.config, exp.hash, self.dataset_url(exp.dataset), self.run_url(first))
         tpu = tpu_options.launcher_settings(launch["tpu"])
         hosts, devices = launch["hosts"], launch["devices_per_host"]
-        return Job(run, tuple(self.test_time_steps), self.backend, hosts, devices, tpu)
+        steps, subset = tuple(self.test_time_steps), self.test_time_subset
+        return Job(run, steps, self.backend, hosts, devices, tpu, subset)
 
     def write_jobs(self) -> None:
         """Each distinct run's job file, rewritten only when its content changes (so no job reruns for nothing)."""
@@ -243,14 +246,16 @@ class Study:
         pool = {key: self.tpu[key] for key in ("zone", "project", "slices", "create", "accelerator_type")}
         return [TRM, "preflight", "--storage", self.config["storage"], *tpu_options.flags(pool)]
 
-    def trained_first(self, exp_id: str) -> list[str]:
-        """The final.json of the run an experiment shares, when another experiment trains it; else nothing."""
-        first = self.first_with_same_run(exp_id)
-        return [] if first == exp_id else [os.path.join(self.results, "runs", first, layout.FINAL)]
+    def run_summary(self, exp_id: str) -> str:
+        """The local summary of an experiment's run (`trm summarize`): the train job's one output, what the table
+        reads of the run."""
+        return os.path.join(self.results, "runs", f"{exp_id}.json")
 
-    def shared_evaluation(self, exp_id: str) -> str:
-        """The test-time evaluation of the run an experiment shares (made by the first experiment with that run)."""
-        return os.path.join(self.results, "eval", f"{self.first_with_same_run(exp_id)}-steps.json")
+    def trained_first(self, exp_id: str) -> list[str]:
+        """Nothing, or the summary of the first experiment sharing this one's run: its job trains the run, after
+        which this one's job only summarises it."""
+        first = self.first_with_same_run(exp_id)
+        return [] if first == exp_id else [self.run_summary(first)]
 
     def dataset_source(self) -> list[str]:
         """The smoke pool's files (the smoke datasets' input); nothing at the paper scale (a URL or a local path)."""

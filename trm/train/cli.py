@@ -4,15 +4,16 @@
 
 The run dir (a local path, file:// or gs:// URL) receives config.json (the resolved config), metrics.jsonl
 (train and eval records, one JSON object per line), ckpt/ (orbax checkpoints of the whole training state),
-test_time.json (the final evaluation: the whole test split scored after train.eval_steps and each
---test-time-steps count, in one pass; see trm/train/test_time.py), final.json (the final evaluation at
+test_time.json (the final evaluation: the whole test split scored after train.eval_steps, and after each
+--test-time-steps count on the whole split in the same pass or, with --test-time-subset N, on a fixed subset of
+N test puzzles; see trm/train/test_time.py), final.json (the final evaluation at
 train.eval_steps, the best evaluation of the run, parameter digests), status.json (state, progress and a
 heartbeat, read by `trm status` and the TPU launcher; see trm/run/state.py) and _SUCCESS (written last).
 
 Running the same command again after a kill or preemption continues from the latest checkpoint and ends with
 the same parameters as an uninterrupted run; one stopped during the final evaluation continues it after its last
 saved batch. SIGTERM/SIGINT save a checkpoint (or the evaluation's progress) and exit with code 42; a trainer
-started by `trm launch --backend local` also gets SIGTERM when its launcher dies (trm/run/lifetime.py).
+started by `trm launch` (local backend) also gets SIGTERM when its launcher dies (trm/run/lifetime.py).
 Exit codes: 0 finished, 2 bad input, 42 stopped early (resumable).
 
 Multi-host (one process per host, see `trm launch` and trm/run/distributed.py): every process runs this
@@ -52,8 +53,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--test-time-steps",
         default="",
-        help="comma-separated supervision step counts at which the final evaluation also scores the whole test "
-        "split, in the same pass as train.eval_steps (test_time.json; the workflow's test_time_steps)",
+        help="comma-separated supervision step counts at which the final evaluation also scores the test split, "
+        "in the same pass as train.eval_steps (test_time.json; the workflow's test_time_steps)",
+    )
+    parser.add_argument(
+        "--test-time-subset",
+        type=int,
+        default=None,
+        metavar="N",
+        help="score the --test-time-steps counts on a fixed subset of N test puzzles, the same for every run, "
+        "and train.eval_steps on the whole split (default: every count on the whole split; the workflow's "
+        "test_time_subset)",
     )
     parser.add_argument(
         "--wandb",
@@ -93,6 +103,8 @@ def _train(args: argparse.Namespace, host_log: HostLog, timings: Timings) -> int
     if args.log_every < 1:
         raise UserError(f"--log-every {args.log_every}: must be >= 1")
     test_time_steps = parse_steps(args.test_time_steps, "--test-time-steps") if args.test_time_steps else ()
+    if args.test_time_subset is not None and args.test_time_subset < 1:
+        raise UserError(f"--test-time-subset {args.test_time_subset}: must be >= 1")
     try:
         with timings.phase("setup"):
             trainer = Trainer(
@@ -105,7 +117,8 @@ def _train(args: argparse.Namespace, host_log: HostLog, timings: Timings) -> int
                 host_log,
                 test_time_steps,
                 timings,
-                run.config_hash,
+                test_time_subset=args.test_time_subset,
+                config_hash=run.config_hash,
             )
     except BaseException as err:
         # A setup failure (no dataset, bad data, storage unreachable) still ends the run with a reason.

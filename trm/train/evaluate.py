@@ -15,7 +15,8 @@ The evaluation is the trainer's own (trm/train/evaluator.py says what each figur
 device. Output: a JSON summary (--out FILE.json, or stdout) and a CSV with one row per step count beside it
 (FILE.csv). The workflow does not run this command: each training job ends by evaluating its run at the
 test-time step counts on its own hosts (`trm train --test-time-steps`, the run dir's test_time.json, the same
-JSON); this one evaluates any checkpoint by hand, in one process.
+JSON with the rows of each count added: the whole split, or the test-time subset of trm/train/test_time.py); this
+one evaluates any checkpoint by hand, in one process.
 """
 
 from __future__ import annotations

@@ -1,21 +1,39 @@
-"""The final evaluation of a run, the last phase of `trm train`: the whole test split at every test-time count.
+"""The final evaluation of a run, the last phase of `trm train`: the headline on the whole test split, the
+test-time curve on the whole split or on a fixed subset of it.
 
 It runs where the trained weights already are, on every host and device of the training job (data-parallel:
 each process feeds its rows, trm/train/evaluator.py), before final.json and _SUCCESS, so a job that reports
-success has evaluated its run. The counts are `trm train --test-time-steps` and train.eval_steps: one pass of
-max(counts) supervision steps on every test puzzle records the figures after each of them, so the trainer's
-final evaluation (final.json's "test", at train.eval_steps) and the test-time scaling come from the same pass.
+success has evaluated its run. The counts are `trm train --test-time-steps` and train.eval_steps; one pass of
+max(counts) supervision steps records the figures after each of them.
+
+`trm train --test-time-subset N` (the workflow's test_time_subset) sizes the test-time curve to what it can
+resolve. Without it, one pass over the whole test split scores every count. With it, two passes:
+  the headline   the whole split to train.eval_steps: final.json's "test", the same figures as without a subset
+  the curve      every count on a fixed subset of N groups of the split (a group is a base puzzle with its
+                 augmentations; the Sudoku test split has one puzzle per group): the first N of a permutation
+                 of the split's groups seeded with SUBSET_SEED, a constant (not train.seed), so every run of
+                 every study scores the same puzzles, evaluated in split order. N at least the split's groups
+                 is the whole split (one pass).
 
 In the run dir (names in trm/run/layout.py):
   test_time.json           the finished evaluation, the JSON `trm evaluate --out` writes (checkpoint step,
-                           weights, batch, one result per count); what the workflow collects
+                           weights, batch, one result per count in "results"), with these keys added:
+                             "results"          at train.eval_steps the whole split; at the other counts the
+                                                curve's rows
+                             "evaluated_rows"   {count: {"subset_size", "subset_seed"}} for each of "results":
+                                                the subset's groups and seed, both null for the whole split
+                             "test_time_subset" {"size", "seed"} of the curve, null when it is the whole split
+                             "curve_results"    the curve: every count on the same rows (the subset, or the
+                                                whole split), train.eval_steps included
+                           written after each pass; what the workflow collects
   test_time.progress.json  an unfinished pass: its float64 sums after its first N batches, written by process 0
                            every PROGRESS_EVERY_S, when the job is stopped (a preemption) and at the end of the
                            pass, before test_time.json (so a failed write of that, a full disk, loses nothing)
 
-A relaunched job continues: counts already in test_time.json are not evaluated again, and a pass with the same
-counts, batch and devices continues after the batches its progress file holds, ending with exactly the figures
-of an unbroken pass (the sums are kept in float64, in row order, and JSON round-trips them).
+A relaunched job continues: results already in test_time.json for the same rows are not evaluated again, and a
+pass with the same counts, rows, batch and devices continues after the batches its progress file holds, ending
+with exactly the figures of an unbroken pass (the sums are kept in float64, in row order, and JSON round-trips
+them).
 """
 
 from __future__ import annotations
@@ -26,6 +44,7 @@ import time
 from collections.abc import Callable
 
 import jax
+import numpy as np
 
 from trm import storage
 from trm.data.format import SplitData
@@ -34,23 +53,89 @@ from trm.run import distributed, layout
 from trm.train.evaluator import Evaluator, Tally, evaluate
 
 PROGRESS_EVERY_S = 60.0
+# The seed of the test-time subset's permutation: a constant of the code, not train.seed nor any run setting, so
+# the curves of all runs (and of every study) are measured on the same puzzles.
+SUBSET_SEED = 0
+
+# Which rows a result was evaluated on: None (the whole split) or (subset groups, seed).
+Rows = tuple[int, int] | None
 
 
-def read_evaluation(run_dir: str, checkpoint_step: int) -> dict[int, dict]:
-    """The results per count of the run's test_time.json, if it evaluated the checkpoint of `checkpoint_step`."""
+def subset_groups(num_groups: int, size: int, seed: int = SUBSET_SEED) -> np.ndarray:
+    """The groups of a test-time subset, ascending: the first `size` of a `seed`ed permutation of `num_groups`.
+    A pure function of its arguments (a smaller subset is part of a larger one)."""
+    order = np.random.Generator(np.random.PCG64(seed)).permutation(num_groups)
+    return np.sort(order[:size])
+
+
+def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The concatenation of arange(start, end) for each pair."""
+    lengths = (ends - starts).astype(np.int64)
+    offsets = np.repeat(starts.astype(np.int64) - np.cumsum(lengths) + lengths, lengths)
+    return offsets + np.arange(lengths.sum())
+
+
+def take_groups(split: SplitData, groups: np.ndarray) -> SplitData:
+    """The split restricted to `groups` (ascending), each with all its puzzles and their examples, in order."""
+    puzzles = _ranges(split.group_indices[groups], split.group_indices[groups + 1])
+    examples = _ranges(split.puzzle_indices[puzzles], split.puzzle_indices[puzzles + 1])
+    puzzle_sizes = split.puzzle_indices[puzzles + 1] - split.puzzle_indices[puzzles]
+    group_sizes = split.group_indices[groups + 1] - split.group_indices[groups]
+    return SplitData(
+        inputs=np.asarray(split.inputs[examples]),
+        labels=np.asarray(split.labels[examples]),
+        puzzle_identifiers=split.puzzle_identifiers[puzzles],
+        puzzle_indices=np.concatenate([[0], np.cumsum(puzzle_sizes)]).astype(np.int32),
+        group_indices=np.concatenate([[0], np.cumsum(group_sizes)]).astype(np.int32),
+        metadata={**split.metadata, "total_groups": len(groups), "total_puzzles": len(groups)},
+    )
+
+
+def curve_rows(split: SplitData, subset: int | None) -> Rows:
+    """The rows of the test-time curve: None (the whole split) when `subset` is None or covers every group."""
+    if subset is None or subset >= _groups(split):
+        return None
+    return subset, SUBSET_SEED
+
+
+def rows_record(rows: Rows) -> dict:
+    """`rows` as test_time.json's "evaluated_rows" says it: subset size and seed, both null for the whole split."""
+    size, seed = rows or (None, None)
+    return {"subset_size": size, "subset_seed": seed}
+
+
+def _rows_of(record: dict | None) -> Rows:
+    if record is None or record["subset_size"] is None:
+        return None
+    return record["subset_size"], record["subset_seed"]
+
+
+def read_evaluation(run_dir: str, checkpoint_step: int) -> dict[tuple[Rows, int], dict]:
+    """The results of the run's test_time.json by (rows, count), if it evaluated the checkpoint of
+    `checkpoint_step`. A file without "evaluated_rows" (written before the curve had a subset) is the whole
+    split."""
     url = layout.path(run_dir, layout.TEST_TIME)
     if not storage.exists(url):
         return {}
     summary = json.loads(storage.read_text(url))
     if summary["checkpoint_step"] != checkpoint_step:
         return {}
-    return {result["steps"]: result for result in summary["results"]}
+    evaluated_rows = summary.get("evaluated_rows", {})
+    done = {(_rows_of(evaluated_rows.get(str(r["steps"]))), r["steps"]): r for r in summary["results"]}
+    curve = summary.get("test_time_subset")
+    for result in summary.get("curve_results", []):
+        done.setdefault((None if curve is None else (curve["size"], curve["seed"]), result["steps"]), result)
+    return done
 
 
-def _progress_key(counts: tuple[int, ...], checkpoint_step: int, batch_size: int, devices: int) -> dict:
-    """What a saved tally must match to be continued: rows are batched and split over devices the same way."""
+def _progress_key(
+    counts: tuple[int, ...], rows: Rows, checkpoint_step: int, batch_size: int, devices: int
+) -> dict:
+    """What a saved tally must match to be continued: the same rows, batched and split over devices the same
+    way."""
     return {
         "counts": list(counts),
+        "rows": rows_record(rows),
         "checkpoint_step": checkpoint_step,
         "batch_size": batch_size,
         "devices": devices,
@@ -79,59 +164,125 @@ def run_test_time_evaluation(
     writer: bool,
     stop: Callable[[int], bool],
     heartbeat: Callable[[], None] = lambda: None,
+    headline: int | None = None,
+    subset: int | None = None,
 ) -> dict[int, dict] | None:
-    """The results per count for every one of `counts` on the whole of `split`, evaluating only those not in the
-    run's test_time.json yet, and write test_time.json (`summary` + "results"); None when `stop(n)` said to stop
-    after batch n (the progress is saved). `evaluator` is any Evaluator of the model (its compiled step is
-    reused); `weights` from its put_weights; `summary` holds checkpoint_step and how the run was evaluated."""
+    """The results per count for every one of `counts`, evaluating only those not in the run's test_time.json
+    yet, and write test_time.json (`summary` + the results, after each pass); None when `stop(n)` said to stop
+    after the pass's batch that was the n-th this call evaluated, or continued from (the progress is saved). With `subset` groups (fewer than the split's) the count
+    `headline` is the whole split's and every count is also scored on the subset (the curve); otherwise every
+    count is the whole split's. `evaluator` is any Evaluator of the model (its compiled step is reused);
+    `weights` from its put_weights; `summary` holds checkpoint_step and how the run was evaluated."""
+    counts = tuple(sorted(set(counts)))
+    curve = curve_rows(split, subset)
+    if curve is not None and headline not in counts:
+        raise ValueError(f"the headline count {headline} is not one of the counts {counts}")
+    passes = [(None, counts)] if curve is None else [(None, (headline,)), (curve, counts)]
     checkpoint_step = summary["checkpoint_step"]
     done = read_evaluation(run_dir, checkpoint_step)
-    missing = tuple(count for count in sorted(set(counts)) if count not in done)
-    distributed.check_hosts_agree("the test-time counts left to evaluate", str(missing))
-    if missing:
-        key = _progress_key(missing, checkpoint_step, batch_size, jax.device_count())
-        tally = _saved_tally(run_dir, key)
-        saved_batches = tally.batches
-        progress_url = layout.path(run_dir, layout.TEST_TIME_PROGRESS)
-        last_write = time.time()
+    last = 0  # the n of `stop(n)` rises from pass to pass: a multi-host preemption sync point needs that
+    for rows, pass_counts in passes:
+        missing = tuple(count for count in pass_counts if (rows, count) not in done)
+        distributed.check_hosts_agree("the test-time counts left to evaluate", f"{rows}: {missing}")
+        if missing:
+            key = _progress_key(missing, rows, checkpoint_step, batch_size, jax.device_count())
+            rows_split = split if rows is None else take_groups(split, subset_groups(_groups(split), *rows))
 
-        def save_progress() -> None:
-            storage.write_text(progress_url, json.dumps({"key": key, "tally": tally.to_record()}))
+            def pass_stop(batches: int, first: int = last) -> bool:
+                nonlocal last
+                last = first + batches
+                return stop(last)
 
-        def after_batch(tally: Tally) -> bool:
-            nonlocal last_write
-            stopping = stop(tally.batches)  # a collective on several hosts: every process calls it
-            heartbeat()
-            if writer and (stopping or time.time() - last_write >= PROGRESS_EVERY_S):
-                save_progress()
-                last_write = time.time()
-            return stopping
+            results = _evaluate_pass(
+                evaluator, weights, rows_split, key, run_dir, writer, pass_stop, heartbeat
+            )
+            if results is None:
+                return None
+            done.update({(rows, result["steps"]): result for result in results})
+        if writer:
+            _write(run_dir, summary, batch_size, counts, headline, curve, done)
+    return {count: done[_result_rows(count, headline, curve), count] for count in counts}
 
-        if tally.batches:
-            print(f"test-time evaluation continues after batch {tally.batches}", file=sys.stderr)
-        print(f"test-time evaluation of step counts {','.join(map(str, missing))}", file=sys.stderr)
-        results = evaluate(
-            evaluator.with_counts(missing),
-            weights,
-            split,
-            batch_size,
-            progress=True,
-            tally=tally,
-            after_batch=after_batch,
-        )
-        if results is None:
-            return None
-        if writer and tally.batches > saved_batches:
-            save_progress()  # first: a failed write of the results below then costs no evaluation again
-        done.update({result["steps"]: result for result in results})
+
+def _groups(split: SplitData) -> int:
+    return len(split.group_indices) - 1
+
+
+def _result_rows(count: int, headline: int | None, curve: Rows) -> Rows:
+    """The rows of "results" at `count`: the whole split at the headline count, else the curve's."""
+    return None if count == headline else curve
+
+
+def _evaluate_pass(
+    evaluator: Evaluator,
+    weights: tuple,
+    split: SplitData,
+    key: dict,
+    run_dir: str,
+    writer: bool,
+    stop: Callable[[int], bool],
+    heartbeat: Callable[[], None],
+) -> list[dict] | None:
+    """One pass over `split` at key["counts"], continuing a saved tally with the same key; None when stopped."""
+    tally = _saved_tally(run_dir, key)
+    saved_batches = tally.batches
+    progress_url = layout.path(run_dir, layout.TEST_TIME_PROGRESS)
+    last_write = time.time()
+
+    def save_progress() -> None:
+        storage.write_text(progress_url, json.dumps({"key": key, "tally": tally.to_record()}))
+
+    def after_batch(tally: Tally) -> bool:
+        nonlocal last_write
+        stopping = stop(tally.batches)  # a collective on several hosts: every process calls it
+        heartbeat()
+        if writer and (stopping or time.time() - last_write >= PROGRESS_EVERY_S):
+            save_progress()
+            last_write = time.time()
+        return stopping
+
+    if tally.batches:
+        print(f"test-time evaluation continues after batch {tally.batches}", file=sys.stderr)
+    where = "the whole test split" if key["rows"]["subset_size"] is None else f"{_groups(split)} test groups"
+    print(
+        f"test-time evaluation of step counts {','.join(map(str, key['counts']))} on {where}", file=sys.stderr
+    )
+    results = evaluate(
+        evaluator.with_counts(key["counts"]),
+        weights,
+        split,
+        key["batch_size"],
+        progress=True,
+        tally=tally,
+        after_batch=after_batch,
+    )
+    if results is not None and writer and tally.batches > saved_batches:
+        save_progress()  # first: a failed write of the results then costs no evaluation again
+    return results
+
+
+def _write(
+    run_dir: str,
+    summary: dict,
+    batch_size: int,
+    counts: tuple[int, ...],
+    headline: int | None,
+    curve: Rows,
+    done: dict[tuple[Rows, int], dict],
+) -> None:
+    """test_time.json: `summary`, and the results evaluated so far (module docstring)."""
+    have = [count for count in counts if (_result_rows(count, headline, curve), count) in done]
     evaluation = {**summary, "devices": jax.device_count(), "batch_size": batch_size}
-    evaluation["results"] = [done[count] for count in sorted(done)]
-    if writer:
-        url = layout.path(run_dir, layout.TEST_TIME)
-        try:
-            storage.write_text(url, json.dumps(evaluation, indent=2) + "\n")
-        except UserError as err:
-            raise UserError(
-                f"{err}; the evaluation is saved: a rerun writes {url} without evaluating again"
-            ) from None
-    return done
+    evaluation["results"] = [done[_result_rows(count, headline, curve), count] for count in have]
+    evaluation["evaluated_rows"] = {
+        str(count): rows_record(_result_rows(count, headline, curve)) for count in have
+    }
+    evaluation["test_time_subset"] = None if curve is None else {"size": curve[0], "seed": curve[1]}
+    evaluation["curve_results"] = [done[curve, count] for count in counts if (curve, count) in done]
+    url = layout.path(run_dir, layout.TEST_TIME)
+    try:
+        storage.write_text(url, json.dumps(evaluation, indent=2) + "\n")
+    except UserError as err:
+        raise UserError(
+            f"{err}; the evaluation is saved: a rerun writes {url} without evaluating again"
+        ) from None

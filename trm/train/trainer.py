@@ -42,14 +42,15 @@ class Trainer:
         host_log: HostLog | None = None,
         test_time_steps: tuple[int, ...] = (),
         timings: Timings | None = None,
+        test_time_subset: int | None = None,
         config_hash: str | None = None,
     ) -> None:
         self.timings = timings or Timings()
         self.config = config
-        # The hash the launcher's job carries (`trm train --config-hash`), else the config's own.
-        self.config_hash = config_hash or hash_of_config(config)
+        self.config_hash = config_hash or hash_of_config(config)  # a job's, from --config-hash
         self.data_url = data_url
         self.test_time_steps = test_time_steps
+        self.test_time_subset = test_time_subset
         self.run_dir = run_dir
         self.log_every = log_every
         self.train_cfg = config["train"]
@@ -112,10 +113,8 @@ class Trainer:
         Every host reads config.json (not just process 0: there is no shared filesystem on a pod), and each
         check is agreed by a collective, so all hosts fail together with the same message.
         """
-        own = self.config_hash
-        distributed.check_hosts_agree(
-            "config hash and code version", f"config {own}, code {distributed.code_version()}"
-        )
+        own = f"config {self.config_hash}, code {distributed.code_version()}"
+        distributed.check_hosts_agree("config hash and code version", own)
         url = layout.path(self.run_dir, layout.CONFIG)
         distributed.check_hosts_agree(
             f"the config hash found in {url}", str(layout.stored_config_hash(self.run_dir))
@@ -322,8 +321,7 @@ class Trainer:
         return record
 
     def _final_evaluation(self, state: TrainState) -> dict | None:
-        """The whole test split at train.eval_steps and every --test-time-steps count in one pass, written to
-        test_time.json (trm/train/test_time.py); the figures at train.eval_steps, or None when stopped."""
+        """test_time.json (trm/train/test_time.py); the whole test split's figures at eval_steps, or None if stopped."""
         tc = self.train_cfg
         self.status.write("running", step=self.total_steps, epoch=self.batches.epoch_at(self.total_steps))
         results = run_test_time_evaluation(
@@ -344,6 +342,8 @@ class Trainer:
             writer=self.is_writer,
             stop=lambda batches: self._stop_requested(self.total_steps + batches),
             heartbeat=lambda: self.status.heartbeat(step=self.total_steps),
+            headline=tc["eval_steps"],
+            subset=self.test_time_subset if self.test_time_steps else None,
         )
         return None if results is None else results[tc["eval_steps"]]
 

@@ -6,8 +6,7 @@ VERDICTS = os.path.join(RESULTS, "verdicts")
 
 rule aggregate:
     input:
-        evals=expand(os.path.join(RESULTS, "eval", "{exp}.json"), exp=PLAN),
-        runs=expand(os.path.join(RESULTS, "runs", "{exp}", layout.CONFIG), exp=PLAN),
+        summaries=[study.run_summary(exp) for exp in PLAN],
         groups="config/groups.yaml",
     output:
         csv=report(

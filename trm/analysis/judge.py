@@ -1,0 +1,257 @@
+"""The success criteria of config/groups.yaml judged against the uncertainty of the differences they test
+(trm.analysis.uncertainty): `supported` or `not supported` only when the 95% interval of every difference a
+criterion reads excludes the other outcome, `inconclusive` (with the difference, its half-width and the seeds per
+point that would resolve it) otherwise, `no signal` when the metric is the same for every run read, `not enough
+data` when a member has no measured run. docs/statistics.md explains the rule.
+
+The check kinds as claims about differences (d = member - reference, each member judged, all must hold):
+    at_least        d >= margin                         at_most    d <= margin
+    within          |d| <= tolerance                    monotonic  each step against `direction` <= tolerance
+    best_is_one_of  some candidate is clearly at least every other member (not supported: some other member is
+                    clearly above every candidate); at most and below where lower is better (trm/study/metrics.py)
+A reference of several members is the one with the highest mean (its selection is not corrected for).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+
+from trm.analysis.plots import CELL_FALLBACK
+from trm.analysis.uncertainty import (
+    AT_LEAST,
+    AT_MOST,
+    INCONCLUSIVE,
+    NO_DATA,
+    NO_SIGNAL,
+    NOT_SUPPORTED,
+    SUPPORTED,
+    WITHIN,
+    Judgement,
+    NoiseFloor,
+    Summary,
+    judge,
+    no_signal,
+    noise_floor,
+    summarize,
+)
+from trm.study.metrics import RUN_METRICS
+
+# Metrics that are fractions of the whole test split's puzzles: a single run of them has a binomial sampling
+# interval.
+TEST_FRACTIONS = ("test_exact_accuracy", "test_cell_accuracy")
+POINT = 0.01  # accuracies are fractions; differences of them are read in points
+CELL_CAVEAT = (
+    "exact accuracy is 0 for every run of the group at this scale: judged on {metric}, the metric the plots "
+    "show; cell accuracy only hints at a trend, it does not measure solved puzzles"
+)
+
+
+def judged_metric(metric: str, group_runs: Mapping[str, Sequence[float]], scale: str) -> tuple[str, str]:
+    """(the metric a criterion is judged on, the caveat to print with it). At the smoke scale an exact accuracy
+    that is 0 or unmeasured for every run of the group is replaced by cell accuracy, as the group's plot does
+    (`group_runs`: that exact accuracy's values per member, every run of the group); otherwise `metric`, no
+    caveat."""
+    fallback = CELL_FALLBACK.get(metric)
+    if scale != "smoke" or fallback is None:
+        return metric, ""
+    values = [v for runs in group_runs.values() for v in runs]
+    if all(v is None or not v == v or v == 0 for v in values):  # v == v is False for NaN
+        return fallback, CELL_CAVEAT.format(metric=fallback)
+    return metric, ""
+
+
+def samples_by_experiment(table, metric: str, id_column: str = "id") -> dict[str, list[float]]:
+    """One list of the metric's values per experiment id, from a table with one row per run (pandas)."""
+    return {str(k): [float(v) for v in rows] for k, rows in table.groupby(id_column, sort=False)[metric]}
+
+
+def samples_by_configuration(
+    table, metric: str, ids: Sequence[str], config_column: str = "config_hash", run_column: str = "seed"
+) -> dict[str, list[float]]:
+    """The metric's values per distinct configuration of the given experiments, each run once: experiments with
+    equal configs share runs, which the noise floor must not count twice (pass it to uncertainty.noise_floor)."""
+    rows = table[table["id"].isin(list(ids))].drop_duplicates([config_column, run_column])
+    return {
+        str(k): [float(v) for v in values] for k, values in rows.groupby(config_column, sort=False)[metric]
+    }
+
+
+def noise_floors(
+    table, metrics: Sequence[str], reference_ids: Sequence[str], run_column: str = "seed"
+) -> dict[str, NoiseFloor | None]:
+    """Each metric's noise floor, pooled over the distinct configurations of the reference experiments (the
+    baselines, the reference runs) that have 2 or more seeds; None for a metric no such configuration measured."""
+    return {
+        m: noise_floor(samples_by_configuration(table, m, reference_ids, run_column=run_column))
+        for m in metrics
+    }
+
+
+# Per metric, the columns add_summaries writes: {metric}_mean, _sd, _n, _low, _high, _interval (the source).
+SUMMARY_FIELDS = {"mean": "mean", "sd": "sd", "n": "n", "low": "low", "high": "high", "interval": "source"}
+
+
+def add_summaries(
+    table,
+    metrics: Sequence[str],
+    floors: Mapping[str, NoiseFloor | None],
+    test_puzzles: int | None,
+    id_column: str = "id",
+):
+    """The table (one row per run, pandas) with, for each metric, its experiment's mean, sd, n, 95% interval and
+    the interval's source repeated on every row of the experiment; the rows stay one per run."""
+    out = table.copy()
+    for metric in metrics:
+        puzzles = sampling_puzzles(metric, test_puzzles)
+        summaries = {
+            k: summarize(v, floors.get(metric), puzzles)
+            for k, v in samples_by_experiment(table, metric, id_column).items()
+        }
+        for suffix, field in SUMMARY_FIELDS.items():
+            out[f"{metric}_{suffix}"] = [getattr(summaries[str(k)], field) for k in out[id_column]]
+    return out
+
+
+def sampling_puzzles(metric: str, test_puzzles: int | None) -> int | None:
+    """The test puzzles a single run's value is a fraction of, for its sampling interval; None for any other
+    metric (throughput, halt steps, training accuracy: no binomial sampling over the test split)."""
+    return test_puzzles if metric in TEST_FRACTIONS else None
+
+
+def is_fraction(metric: str) -> bool:
+    """Whether the metric is a fraction (its differences read in points): its unit in trm/study/metrics.py."""
+    return RUN_METRICS[metric].unit.startswith("fraction")
+
+
+def needed_members(criterion: dict, group: dict) -> list[str]:
+    """The members whose metric the criterion reads (every member for best_is_one_of)."""
+    if criterion["check"] == "best_is_one_of":
+        return list(group["members"])
+    return list(dict.fromkeys(criterion["members"] + criterion.get("reference", [])))
+
+
+def _compare(criterion: dict, summaries: dict[str, Summary]) -> list[tuple[str, str, Judgement]]:
+    """(a, b, judgement of a - b) for every difference the criterion reads, in the criterion's order."""
+    kind = criterion["check"]
+    if kind == "monotonic":
+        tolerance = criterion.get("tolerance", 0)
+        steps = itertools.pairwise(criterion["members"])
+        if criterion["direction"] == "increasing":  # a fall from a to b is a - b
+            return [(a, b, judge(AT_MOST, tolerance, summaries[a], summaries[b])) for a, b in steps]
+        return [(b, a, judge(AT_MOST, tolerance, summaries[b], summaries[a])) for a, b in steps]
+    if "value" in criterion:
+        b, reference = f"{criterion['value']:g}", float(criterion["value"])
+    else:
+        b = max(criterion["reference"], key=lambda m: summaries[m].mean)
+        reference = summaries[b]
+    claim = {"at_least": AT_LEAST, "at_most": AT_MOST, "within": WITHIN}[kind]
+    bound = criterion["tolerance"] if kind == "within" else criterion.get("margin", 0)
+    return [(a, b, judge(claim, bound, summaries[a], reference)) for a in criterion["members"]]
+
+
+def _all_of(compared: list[tuple[str, str, Judgement]]) -> str:
+    verdicts = [j.verdict for _, _, j in compared]
+    if NOT_SUPPORTED in verdicts:
+        return NOT_SUPPORTED
+    return SUPPORTED if all(v == SUPPORTED for v in verdicts) else INCONCLUSIVE
+
+
+def _best_is_one_of(criterion: dict, group: dict, summaries: dict[str, Summary]) -> tuple[str, list]:
+    """Best: the highest, or the lowest where lower is better (trm/study/metrics.py)."""
+    candidates = criterion["members"]
+    others = [m for m in group["members"] if m not in candidates]
+    claim = AT_LEAST if RUN_METRICS[criterion["metric"]].higher_is_better else AT_MOST
+    pairs = {(c, o): judge(claim, 0, summaries[c], summaries[o]) for c in candidates for o in others}
+    compared = [(c, o, j) for (c, o), j in pairs.items()]
+    if any(all(pairs[c, o].verdict == SUPPORTED for o in others) for c in candidates):
+        return SUPPORTED, compared
+    if any(all(pairs[c, o].verdict == NOT_SUPPORTED for c in candidates) for o in others):
+        return NOT_SUPPORTED, compared
+    return INCONCLUSIVE, compared
+
+
+def _plain(x):
+    """A figure for JSON: None where it is not finite (unknown, unbounded), so the output stays standard JSON."""
+    return x if not isinstance(x, float) or math.isfinite(x) else None
+
+
+def _summary(s: Summary) -> dict:
+    return {
+        "mean": _plain(s.mean),
+        "sd": _plain(s.sd),
+        "n": s.n,
+        "low": _plain(s.low),
+        "high": _plain(s.high),
+        "source": s.source,
+    }
+
+
+def _comparison(a: str, b: str, j: Judgement) -> dict:
+    d = j.difference
+    return {
+        "a": a,
+        "b": b,
+        "claim": j.claim,
+        "bound": j.bound,
+        "difference": d.value,
+        "low": _plain(d.low),
+        "high": _plain(d.high),
+        "df": _plain(d.df),
+        "verdict": j.verdict,
+        "seeds_per_point": j.seeds,
+    }
+
+
+def _line(a: str, b: str, j: Judgement, unit: float, unit_name: str) -> str:
+    return f"{a} - {b}: {j.text(unit, unit_name)}"
+
+
+def judge_criterion(
+    criterion: dict,
+    group: dict,
+    samples: Mapping[str, Sequence[float]],
+    floor: NoiseFloor | None,
+    test_puzzles: int | None = None,
+) -> dict:
+    """One criterion judged on every run of its members (`samples`: the criterion's metric per member id, one
+    value per seed; `floor`: the metric's noise floor; `test_puzzles`: the test split's size, for the sampling
+    interval of single runs). Returns verdict, detail (one line), the summaries of the members read and every
+    difference judged, as plain data (JSON-ready)."""
+    metric = criterion["metric"]
+    members = needed_members(criterion, group)
+    puzzles = sampling_puzzles(metric, test_puzzles)
+    summaries = {m: summarize(samples.get(m, ()), floor, puzzles) for m in members}
+    result = {
+        "metric": metric,
+        "summaries": {m: _summary(s) for m, s in summaries.items()},
+        "comparisons": [],
+    }
+    missing = [m for m, s in summaries.items() if s.n == 0]
+    if missing:
+        return {**result, "verdict": NO_DATA, "detail": f"{metric} not measured: {', '.join(missing)}"}
+    if no_signal(samples[m] for m in members):
+        value = summaries[members[0]].mean
+        return {**result, "verdict": NO_SIGNAL, "detail": f"{metric} is {value:g} for every run read"}
+    if criterion["check"] == "best_is_one_of":
+        verdict, compared = _best_is_one_of(criterion, group, summaries)
+    else:
+        compared = _compare(criterion, summaries)
+        verdict = _all_of(compared)
+    unit, unit_name = (POINT, "points") if is_fraction(metric) else (1.0, "")
+    undecided = [c for c in compared if c[2].verdict == INCONCLUSIVE]
+    if verdict == INCONCLUSIVE and undecided:
+        # The difference that needs the most seeds (unknown or too many counts as the most) says what it takes.
+        a, b, j = max(undecided, key=lambda c: math.inf if c[2].seeds is None else c[2].seeds)
+        detail = _line(a, b, j, unit, unit_name)
+    elif compared:
+        detail = "; ".join(_line(a, b, j, unit, unit_name) for a, b, j in compared)
+    else:
+        detail = "every member of the group is a candidate"
+    return {
+        **result,
+        "verdict": verdict,
+        "detail": detail,
+        "comparisons": [_comparison(a, b, j) for a, b, j in compared],
+    }

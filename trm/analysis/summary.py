@@ -1,0 +1,150 @@
+"""Summarise a finished run, read from its run dir, as the one local file the results table reads of it.
+
+    trm summarize RUN_DIR --test-time-steps 16,32 --output results/smoke/runs/exp01a.json
+
+RUN_DIR is a gs://, file:// URL or a local path. Only a run whose _SUCCESS marker exists is summarised, and the
+output is written in one piece at the end, so a local summary means the run finished. A run whose final evaluation
+lacks one of --test-time-steps is refused too (exit 2): the workflow then relaunches its job, and the trainer
+evaluates only the missing counts. Experiments sharing a run (one config hash) each get the same summary.
+
+The summary holds the run's resolved config (config.json), then its metrics (trm/study/metrics.py says what each
+means): the final figures are the trainer's last evaluation on the full test split (EMA weights when EMA is on);
+the best_test_* figures are its best evaluation (final.json `best_test`), usually on a subset. Train-side figures
+come from metrics.jsonl: mean halt steps and train exact accuracy average the train records of the last
+evaluation interval, and the halt-step variance pools their rows; throughput is the median over train records
+after the first (which includes compilation). `curve` is the test accuracy of each evaluation during training;
+`test_time` the final evaluation (test_time.json, from the checkpoint the run finished with) at each
+--test-time-steps count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+from trm import storage
+from trm.errors import UserError
+from trm.run import layout
+from trm.study.metrics import TARGET_ACCURACY, TEST_TIME_METRICS
+from trm.train.records import parse_steps
+
+
+def select_counts(evaluation: dict, counts: tuple[int, ...], source: str) -> list[dict]:
+    """The results of `evaluation` (a test_time.json) at `counts`, in that order; UserError naming the missing
+    ones."""
+    by_count = {result["steps"]: result for result in evaluation["results"]}
+    missing = [count for count in counts if count not in by_count]
+    if missing:
+        raise UserError(
+            f"{source}: the run's final evaluation has step counts {','.join(map(str, sorted(by_count)))}, not "
+            f"{','.join(map(str, missing))}: rerun its job (it evaluates only the missing counts), or delete the "
+            "run dir's _SUCCESS and rerun `trm train`"
+        )
+    return [by_count[count] for count in counts]
+
+
+def _pooled_variance(records: list[dict]) -> float | None:
+    """Variance of the halt steps over all rows counted in `records` (train records with count, steps and
+    steps_variance); None when a record has none (the trainer resumed from sums without their squares) or no row
+    was counted."""
+    if not records or any(r["steps_variance"] is None for r in records):
+        return None
+    count = sum(r["count"] for r in records)
+    if count <= 0:  # no row halted in these windows (short runs of few puzzles)
+        return None
+    mean = sum(r["count"] * r["steps"] for r in records) / count
+    second = sum(r["count"] * (r["steps_variance"] + r["steps"] ** 2) for r in records) / count
+    return max(second - mean * mean, 0.0)
+
+
+def run_metrics(config: dict, records: list[dict], final: dict) -> dict:
+    """The metrics of SUMMARY_METRICS of one run, from its config, metrics.jsonl records and final.json."""
+    train = [r for r in records if r["kind"] == "train"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    interval = config["train"]["eval_interval"]
+    last_interval = [r for r in train if r["epoch"] > final["epochs"] - interval] or train[-1:]
+    rates = [r["examples_per_s"] for r in train[1:]] or [r["examples_per_s"] for r in train]
+    examples_per_second = statistics.median(rates) if rates else None
+    reached = [r["epoch"] for r in evals if r["exact_accuracy"] >= TARGET_ACCURACY]
+    test, best = final["test"], final["best_test"]
+    train_exact = statistics.fmean(r["exact_accuracy"] for r in last_interval) if last_interval else None
+    return {
+        "test_exact_accuracy": test["exact_accuracy"],
+        "best_test_exact_accuracy": best["exact_accuracy"],
+        "best_test_epoch": best["epoch"],
+        "best_test_puzzles": best["count"],
+        "test_cell_accuracy": test["accuracy"],
+        "train_exact_accuracy": train_exact,
+        "train_test_gap": None if train_exact is None else train_exact - test["exact_accuracy"],
+        "mean_halt_steps": statistics.fmean(r["steps"] for r in last_interval) if last_interval else None,
+        "halt_steps_variance": _pooled_variance(last_interval),
+        "examples_per_second": examples_per_second,
+        "step_time_s": config["train"]["global_batch_size"] / examples_per_second
+        if examples_per_second
+        else None,
+        "epochs_to_85pct": min(reached) if reached else None,
+        "steps": final["steps"],
+        "epochs": final["epochs"],
+    }
+
+
+def _read(run_dir: str, name: str) -> str:
+    url = layout.path(run_dir, name)
+    if not storage.exists(url):
+        raise UserError(f"{url}: missing from a finished run (the trainer writes it before _SUCCESS)")
+    return storage.read_text(url)
+
+
+def summarize(run_dir: str, test_time_steps: tuple[int, ...]) -> dict:
+    """The summary of a finished run (see the module docstring); UserError if it has not finished, or if its
+    final evaluation lacks one of `test_time_steps` or evaluates another checkpoint than the one it finished with."""
+    if not layout.finished(run_dir):
+        raise UserError(
+            f"{run_dir}: the run has not finished (no {layout.SUCCESS} marker); its job trains it"
+        )
+    config = json.loads(_read(run_dir, layout.CONFIG))
+    records = [json.loads(line) for line in _read(run_dir, layout.METRICS).splitlines() if line.strip()]
+    final = json.loads(_read(run_dir, layout.FINAL))
+    evaluation = json.loads(_read(run_dir, layout.TEST_TIME))
+    source = layout.path(run_dir, layout.TEST_TIME)
+    if evaluation["checkpoint_step"] != final["steps"]:
+        raise UserError(
+            f"{source}: evaluates the checkpoint of step {evaluation['checkpoint_step']}, but the run finished at "
+            f"step {final['steps']}: delete it and rerun the run's job, which evaluates the last checkpoint"
+        )
+    test_time = select_counts(evaluation, test_time_steps, source)
+    return {
+        "config": config,
+        "config_hash": final["config_hash"],
+        "devices": final["devices"],  # of the job that trained it (launch.per_experiment may differ)
+        **run_metrics(config, records, final),
+        "curve": [
+            {
+                "epoch": r["epoch"],
+                "test_exact_accuracy": r["exact_accuracy"],
+                "test_cell_accuracy": r["accuracy"],
+            }
+            for r in records
+            if r["kind"] == "eval"
+        ],
+        "test_time": [{key: result[key] for key in TEST_TIME_METRICS} for result in test_time],
+    }
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", help="run directory URL (gs://, file:// or a local path)")
+    parser.add_argument(
+        "--test-time-steps",
+        required=True,
+        help="comma-separated supervision step counts the run's final evaluation must have, e.g. 16,32",
+    )
+    parser.add_argument("--output", required=True, help="JSON file to write (a local path or a URL)")
+
+
+def main(args: argparse.Namespace) -> int:
+    steps = parse_steps(args.test_time_steps, "--test-time-steps")
+    summary = summarize(args.run_dir, steps)
+    storage.write_text(args.output, json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    print(f"summarised {args.run_dir} -> {args.output}")
+    return 0

@@ -1,0 +1,243 @@
+"""The study's metrics, each defined once: its key (a column of the results table), what it means, its axis label
+and unit, and which way is better. The summary of a run (`trm summarize`), the table (`trm aggregate`), the plots,
+the success criteria (config/groups.yaml, `trm verdicts`) and the generated guides (docs/experiments/) all read it.
+
+Three tables, three vocabularies:
+  RUN_METRICS        one row per run (table.csv): what plots and criteria name. `source` says who computes it:
+                     "run" from the run dir (`trm summarize`), "table" from the config and the training job's
+                     benchmark (`trm aggregate`).
+  CURVE_METRICS      one row per evaluation during training (table-curves.csv)
+  TEST_TIME_METRICS  one row per run and test-time step count (table-test-time.csv): the fields of the trainer's
+                     final evaluation (trm/train/evaluator.py says how each is measured)
+
+There is no accuracy of the raw (non-EMA) weights of an EMA run: the trainer evaluates the weights it checkpoints
+(the EMA weights when EMA is on, as the original does), and scoring the raw ones too would cost a second pass over
+the whole test split per run. The paper's EMA figure (79.9% vs 87.4%) compares a run trained without EMA with one
+trained with it, which is what exp08 compares (exp08a against exp08d, both `test_exact_accuracy`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FRACTION_OF_PUZZLES = "fraction of puzzles"
+FRACTION_OF_CELLS = "fraction of cells"
+TARGET_ACCURACY = 0.85  # contrib01's "epochs to 85%"
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    meaning: str
+    label: str
+    unit: str
+    higher_is_better: bool | None  # None: neither way is better (a description of the run, such as its size)
+    source: str = "run"  # RUN_METRICS only: "run" (trm summarize) or "table" (trm aggregate)
+
+    @property
+    def axis_label(self) -> str:
+        return f"{self.label} ({self.unit})"
+
+
+def _by_key(*metrics: Metric) -> dict[str, Metric]:
+    return {metric.key: metric for metric in metrics}
+
+
+# In the order of the table's columns.
+RUN_METRICS = _by_key(
+    Metric("parameter_count", "parameters of the model", "parameters", "count", None, "table"),
+    Metric(
+        "train_flops_per_example_step",
+        "FLOPs of one training supervision step of one example (forward and backward)",
+        "training FLOPs per example and step",
+        "FLOP",
+        None,
+        "table",
+    ),
+    Metric(
+        "run_flops",
+        "FLOPs of the training job: its training steps and every evaluation (the last one to the test-time counts)",
+        "run FLOPs",
+        "FLOP",
+        None,
+        "table",
+    ),
+    Metric(
+        "effective_depth",
+        "layer applications per supervision step, H_cycles x (L_cycles + 1) x L_layers",
+        "effective depth",
+        "layer applications per step",
+        None,
+        "table",
+    ),
+    Metric(
+        "test_exact_accuracy",
+        "fraction of test puzzles solved exactly at the end (EMA weights when EMA is on)",
+        "test exact accuracy",
+        FRACTION_OF_PUZZLES,
+        True,
+    ),
+    Metric(
+        "best_test_exact_accuracy",
+        "highest test exact accuracy of the run's evaluations (the intermediate ones on train.eval_subset "
+        "puzzles, the last on the full test split)",
+        "best test exact accuracy",
+        FRACTION_OF_PUZZLES,
+        True,
+    ),
+    Metric("best_test_epoch", "epoch of the best evaluation", "epoch of the best evaluation", "epochs", None),
+    Metric(
+        "best_test_puzzles",
+        "test puzzles the best evaluation scored",
+        "puzzles of the best evaluation",
+        "count",
+        None,
+    ),
+    Metric(
+        "test_cell_accuracy",
+        "fraction of test cells right at the end",
+        "test cell accuracy",
+        FRACTION_OF_CELLS,
+        True,
+    ),
+    Metric(
+        "train_exact_accuracy",
+        "fraction of training puzzles solved exactly (last eval interval)",
+        "train exact accuracy",
+        FRACTION_OF_PUZZLES,
+        True,
+    ),
+    Metric(
+        "train_test_gap",
+        "train exact accuracy minus test exact accuracy",
+        "train − test exact accuracy",
+        "fraction",
+        False,
+    ),
+    Metric(
+        "mean_halt_steps",
+        "mean supervision steps a training example used before halting (last eval interval)",
+        "mean halt steps",
+        "supervision steps",
+        None,
+    ),
+    Metric(
+        "halt_steps_variance",
+        "variance of the supervision steps before halting (last eval interval, pooled over its rows)",
+        "halt-step variance",
+        "steps²",
+        None,
+    ),
+    Metric(
+        "examples_per_second",
+        "training throughput, examples/s (median over the run's train records after the first, which compiles)",
+        "training throughput",
+        "examples/s",
+        True,
+    ),
+    Metric(
+        "step_time_s",
+        "training step time in seconds, global batch / examples per second",
+        "training step time",
+        "s",
+        False,
+    ),
+    Metric(
+        "epochs_to_85pct",
+        f"epochs to the first evaluation at or above {TARGET_ACCURACY:.0%} test exact accuracy",
+        f"epochs to {TARGET_ACCURACY:.0%} test exact accuracy",
+        "epochs",
+        False,
+    ),
+    Metric("steps", "optimizer steps the run trained", "training steps", "count", None),
+    Metric("epochs", "epochs the run trained", "training epochs", "epochs", None),
+    Metric(
+        "wall_time_s",
+        "wall time of the training job that trained the run (Snakemake's benchmark; shared by its experiments)",
+        "wall time",
+        "s",
+        False,
+        "table",
+    ),
+    Metric(
+        "accelerator_hours",
+        "measured wall hours x the devices the run trained on",
+        "accelerator-hours",
+        "device-hours",
+        False,
+        "table",
+    ),
+    Metric(
+        "estimated_accelerator_hours",
+        "run_flops at the workflow's accelerator peak FLOP/s and assumed utilization",
+        "estimated accelerator-hours",
+        "device-hours",
+        None,
+        "table",
+    ),
+)
+SUMMARY_METRICS = tuple(key for key, metric in RUN_METRICS.items() if metric.source == "run")
+
+CURVE_METRICS = _by_key(
+    Metric(
+        "epoch",
+        "training epochs at the evaluation (x axis of curves over training)",
+        "training epochs",
+        "epochs",
+        None,
+    ),
+    Metric(
+        "test_exact_accuracy",
+        "test exact accuracy of that evaluation (on train.eval_subset puzzles, the last on the full test split)",
+        "test exact accuracy",
+        FRACTION_OF_PUZZLES,
+        True,
+    ),
+    Metric(
+        "test_cell_accuracy",
+        "test cell accuracy of that evaluation",
+        "test cell accuracy",
+        FRACTION_OF_CELLS,
+        True,
+    ),
+)
+
+TEST_TIME_METRICS = _by_key(
+    Metric("steps", "supervision steps run at test time", "test-time supervision steps", "count", None),
+    Metric(
+        "exact_accuracy",
+        "test puzzles whose cells are all right",
+        "test exact accuracy",
+        FRACTION_OF_PUZZLES,
+        True,
+    ),
+    Metric(
+        "accuracy", "right cells / cells, averaged per puzzle", "test cell accuracy", FRACTION_OF_CELLS, True
+    ),
+    Metric(
+        "q_halt_accuracy",
+        "puzzles where the Q head's halt decision agrees with the answer being exactly right",
+        "Q-halt accuracy",
+        FRACTION_OF_PUZZLES,
+        True,
+    ),
+    Metric(
+        "mean_halt_step",
+        "mean first step at which the Q head says halt (the count itself when it has not)",
+        "mean halt step",
+        "supervision steps",
+        None,
+    ),
+    Metric("halted_fraction", "puzzles whose Q head said halt", "halted", FRACTION_OF_PUZZLES, None),
+    Metric(
+        "halt_exact_accuracy",
+        "exact accuracy of the answer at the first halt step: what adaptive halting would score",
+        "exact accuracy at the halt step",
+        FRACTION_OF_PUZZLES,
+        True,
+    ),
+)
+
+# What a plot's axis or a criterion may name besides config keys (a plot's x may also be `member`).
+PLOT_METRICS = {**RUN_METRICS, "epoch": CURVE_METRICS["epoch"]}
+CRITERION_METRICS = RUN_METRICS
