@@ -46,12 +46,13 @@ def test_profile_dry_run_needs_no_gcloud_and_shows_tpu_hours(tmp_path):
     assert done.returncode == 0, output[-4000:]
     jobs = [line for line in output.splitlines() if ": train exp06" in line]
     assert len(jobs) == 6 and all("32 devices" in line for line in jobs)
-    # Per job, training and evaluation on labelled lines; the evaluation is one pass to 128 steps on the test
-    # split's 423,168 puzzles in whole batches.
+    # Per job, training and evaluation on labelled lines; the evaluation is a pass at train.eval_steps over the
+    # test split's 423,168 puzzles, then one to 128 steps on the test-time subset (test_time_subset.paper), in
+    # whole batches.
     training, evaluation = estimates(output, "training"), estimates(output, "evaluation")
     assert sorted(training) == sorted(evaluation) == [*(f"exp06_{x}" for x in "abcdef"), "ref_paper"]
     assert all(hours > 0 for hours in evaluation.values())
-    assert "x 128 steps at the end" in output and "TPU v4 chip-hours" in output
+    assert "x 128 steps on the test-time subset" in output and "TPU v4 chip-hours" in output
     assert "scale paper: 6 experiments" in output
     # Each training job launches its run's job file, which carries the backend and the job's shape.
     files = {
