@@ -39,18 +39,18 @@ onstart:
     if config["launch"]["backend"] == "tpu-vm" and config["launch"]["tpu"]["preflight"]:
         import subprocess
 
-        if subprocess.run(preflight_command()).returncode != 0:
+        if subprocess.run(study.preflight_command()).returncode != 0:
             raise WorkflowError("trm preflight failed (above): fix what it names, then rerun")
 
 
 # At the end of a TPU study, failed or not: the slices it created that still exist (they bill until deleted), each
 # with the command that deletes it (trm/launch/slice_ledger.py).
 onsuccess:
-    slice_ledger.report_study(config["launch"]["backend"], [job_launch(exp_id)["tpu"] for exp_id in [None, *PLAN]])
+    slice_ledger.report_study(config["launch"]["backend"], [study.job_launch(exp_id)["tpu"] for exp_id in [None, *PLAN]])
 
 
 onerror:
-    slice_ledger.report_study(config["launch"]["backend"], [job_launch(exp_id)["tpu"] for exp_id in [None, *PLAN]])
+    slice_ledger.report_study(config["launch"]["backend"], [study.job_launch(exp_id)["tpu"] for exp_id in [None, *PLAN]])
     interrupts.exit_if_interrupted()
 
 

@@ -202,13 +202,15 @@ def trainer_pid(slice_name: str, worker: int) -> int | None:
 
 
 def launcher_pid(run_dir: str) -> int | None:
-    """The `trm launch` process of the job training `run_dir`."""
+    """The `trm launch --job RESULTS/SCALE/jobs/<hash>.json` process of the job training `run_dir` (which the
+    hash names)."""
+    job = f"/jobs/{run_dir.rstrip('/').rsplit('/', 1)[-1]}.json".encode()
     for proc in Path("/proc").iterdir():
         try:
             command = (proc / "cmdline").read_bytes().split(b"\0") if proc.name.isdigit() else []
         except OSError:
             continue
-        if b"launch" in command and run_dir.encode() in command:
+        if b"launch" in command and any(arg.endswith(job) for arg in command):
             return int(proc.name)
     return None
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from trm.config import dump_config
 from trm.run import layout
 from trm.run.state import read_run
 from trm.study.plan import plan_study
@@ -54,8 +55,6 @@ class Study:
         return [
             str(BIN / "trm"),
             "launch",
-            "--backend",
-            "local",
             "--hosts",
             str(hosts),
             "--",
@@ -91,9 +90,11 @@ def study(tmp_path_factory) -> Study:
         timeout=300,
     )
     assert stage.returncode == 0, stage.stderr[-3000:]
+    config = root / "reference-config.json"  # the config the workflow's job file carries
+    config.write_text(dump_config(experiment.config))
     result = Study(
         root=root,
-        config=f"results/smoke/configs/{experiment.hash}.json",
+        config=str(config),
         data=f"results/storage/smoke/datasets/{dataset}",
         run_dir=root / f"results/storage/smoke/runs/{experiment.hash}",
         reference=root / "reference",

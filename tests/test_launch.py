@@ -1,4 +1,4 @@
-"""`trm launch --backend local` and the distributed settings: environments, supervision, signals, bad input."""
+"""`trm launch` on the local backend and the distributed settings: environments, supervision, signals, bad input."""
 
 from __future__ import annotations
 

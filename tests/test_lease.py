@@ -20,10 +20,13 @@ import pytest
 from tiny_run import TINY, set_flags
 
 from trm import storage
-from trm.config import BASE_CONFIG
+from trm.config import BASE_CONFIG, config_hash, load_config
 from trm.errors import UserError
 from trm.gcs import StorageUnavailable
+from trm.launch import tpu_options
+from trm.launch.job import Job
 from trm.run.lease import Lease, LeaseHeld
+from trm.run.spec import Run
 from trm.run.state import read_run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -194,9 +197,13 @@ def test_a_lease_that_is_not_a_record_is_named(tmp_path):
 SHORT = {"train.epochs": 10, "train.eval_interval": 10, "train.checkpoint_every_steps": 10}
 
 
-def _launch(data: str, run_dir: str, *flags: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "trm.cli", "launch", *flags, "--", "--config", str(BASE_CONFIG)]
-    command += ["--data", data, "--run-dir", run_dir, *set_flags({**TINY, **SHORT})]
+def _launch(data: str, run_dir: str, stale_after_s: float = 600.0) -> subprocess.Popen:
+    """`trm launch --job` of the tiny run, its job file (beside the run dir) with this lease staleness limit."""
+    config = load_config(BASE_CONFIG, [flag.removeprefix("--set=") for flag in set_flags({**TINY, **SHORT})])
+    tpu = {**tpu_options.launcher_settings(tpu_options.defaults()), "stale_after_seconds": stale_after_s}
+    job = f"{run_dir}-job-{stale_after_s:g}.json"
+    Job(Run(config, config_hash(config), data, run_dir), (), "local", 1, 1, tpu).write(job)
+    command = [sys.executable, "-m", "trm.cli", "launch", "--job", job]
     return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -272,7 +279,7 @@ def test_a_launcher_killed_and_restarted_continues_its_run_at_once(storage_root,
         first.kill()
         first.wait()
     started = time.monotonic()
-    second = _launch(easy_data, run_dir, "--tpu-stale-after-seconds", "600")
+    second = _launch(easy_data, run_dir, 600)
     out, err = second.communicate(timeout=400)
     assert second.returncode == 0, err[-3000:]
     assert f"process {first.pid} " in out and "no longer exists on this machine" in out
@@ -287,11 +294,11 @@ def test_a_launch_takes_over_a_stale_lease_and_says_so(storage_root, easy_data):
     holder = _holder_process(run_dir, stale_after_s=600)
     try:
         holder.send_signal(signal.SIGSTOP)  # a hung launcher: alive, silent
-        refused = _launch(easy_data, run_dir, "--tpu-stale-after-seconds", "600")
+        refused = _launch(easy_data, run_dir, 600)
         _, err = refused.communicate(timeout=120)
         assert refused.returncode == 2 and f"process {holder.pid} " in err
         time.sleep(3)  # the lease is now older than the next launcher's limit
-        taker = _launch(easy_data, run_dir, "--tpu-stale-after-seconds", "3")
+        taker = _launch(easy_data, run_dir, 3)
         out, err = taker.communicate(timeout=400)
     finally:
         holder.kill()
@@ -307,7 +314,7 @@ def test_a_launch_that_loses_its_lease_kills_its_trainers_and_fails(storage_root
     """Another launcher takes the lease over (here one whose staleness limit every lease exceeds): the running
     launcher's next renewal finds it, kills its trainers at once and exits 1, naming the new holder."""
     run_dir = storage.join(storage_root, "run")
-    launcher = _launch(easy_data, run_dir, "--tpu-stale-after-seconds", "4")  # renews every second
+    launcher = _launch(easy_data, run_dir, 4)  # renews every second
     try:
         _wait_for_step(run_dir, launcher, 10)
         trainers = _descendants(launcher.pid)

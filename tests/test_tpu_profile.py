@@ -5,6 +5,7 @@ slices (tests/fake_gcloud/gcloud, storage on the GCS emulator), 2 hosts per slic
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import subprocess
@@ -17,6 +18,7 @@ from fake_tpu import gcloud_calls, tpu_test_profile, wait_until_exited
 from workflow_support import estimates
 
 from trm import storage
+from trm.launch.job import read_job
 from trm.run import layout
 from trm.study.plan import run_dir_of
 
@@ -44,14 +46,21 @@ def test_profile_dry_run_needs_no_gcloud_and_shows_tpu_hours(tmp_path):
     assert done.returncode == 0, output[-4000:]
     jobs = [line for line in output.splitlines() if ": train exp06" in line]
     assert len(jobs) == 6 and all("32 devices" in line for line in jobs)
-    # Per job, training and evaluation on labelled lines; the evaluation is one pass to 128 steps on the test
-    # split's 423,168 puzzles in whole batches.
+    # Per job, training and evaluation on labelled lines; the evaluation is a pass at train.eval_steps over the
+    # test split's 423,168 puzzles, then one to 128 steps on the test-time subset (test_time_subset.paper), in
+    # whole batches.
     training, evaluation = estimates(output, "training"), estimates(output, "evaluation")
     assert sorted(training) == sorted(evaluation) == [*(f"exp06_{x}" for x in "abcdef"), "ref_paper"]
     assert all(hours > 0 for hours in evaluation.values())
-    assert "x 128 steps at the end" in output and "TPU v4 chip-hours" in output
+    assert "x 128 steps on the test-time subset" in output and "TPU v4 chip-hours" in output
     assert "scale paper: 6 experiments" in output
-    assert "--backend tpu-vm --hosts 8 --devices-per-host 4" in output
+    # Each training job launches its run's job file, which carries the backend and the job's shape.
+    files = {
+        line.split(" launch --job ")[1].split()[0] for line in output.splitlines() if " launch --job " in line
+    }
+    jobs = [read_job(str(REPO / path)) for path in sorted(files)]
+    shapes = collections.Counter((job.backend, job.hosts, job.devices_per_host) for job in jobs)
+    assert shapes == {("tpu-vm", 8, 4): 6, ("tpu-vm", 1, 4): 1}  # ref_paper on its own v4-8
     # The evaluation runs on the slice, in the training job; the controller only collects its results.
     assert "--test-time-steps 16,32,64,128" in output and " summarize " in output
     assert " evaluate --checkpoint" not in output

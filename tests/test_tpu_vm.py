@@ -22,9 +22,12 @@ from tiny_run import TINY, set_flags, stage
 
 from trm import storage
 from trm.cli import main as trm_main
-from trm.config import BASE_CONFIG
+from trm.config import BASE_CONFIG, config_hash, load_config
+from trm.launch import tpu_options
+from trm.launch.job import Job
 from trm.run.lease import Lease
 from trm.run.lifetime import ENV_CONTROLLER_PID
+from trm.run.spec import Run
 
 pytestmark = [pytest.mark.tpu, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]
@@ -46,53 +49,36 @@ def data(tpu_bucket: str, easy_dataset: Path) -> str:
 
 
 def _launch_command(
-    tpu_bucket: str, tmp: Path, run_dir: str, data: str, *extra: str, tpu: tuple = ()
+    tpu_bucket: str, tmp: Path, run_dir: str, data: str, *extra: str, tpu: dict | None = None
 ) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "trm.cli",
-        "launch",
-        "--backend",
-        "tpu-vm",
-        "--hosts",
-        "2",  # the fake's slices have 2 hosts
-        "--tpu-slices",
-        SLICE,
-        "--tpu-zone",
-        "us-central2-b",
-        "--tpu-project",
-        "trm-test-project",
-        "--tpu-code-url",
-        f"{tpu_bucket}/code",
+    """`trm launch --job FILE -- --log-every 4 ...`, its job file (tmp/job.json) written here: the tiny run on
+    the fake's 2-host slices, with `extra` `--set=` overrides in its config and other `extra` trainer options
+    after `--`, and `tpu` over the job's tpu-vm settings."""
+    sets = [arg.removeprefix("--set=") for arg in extra if arg.startswith("--set=")]
+    options = [arg for arg in extra if not arg.startswith("--set=")]
+    config = load_config(BASE_CONFIG, [arg.removeprefix("--set=") for arg in set_flags(RUN)] + sets)
+    settings = {
+        **tpu_options.defaults(),
+        "slices": [SLICE],
+        "zone": "us-central2-b",
+        "project": "trm-test-project",
+        "code_url": f"{tpu_bucket}/code",
         # The hosts look like the stock image (Python 3.10 only): the set-up makes a venv with this machine's
         # Python 3.11, which has the dependencies, instead of downloading both.
-        "--tpu-python",
-        sys.executable,
-        "--no-tpu-install-dependencies",
-        "--tpu-coordinator-port",
-        "0",
-        "--tpu-lock-dir",
-        str(tmp / "locks"),
-        "--tpu-poll-seconds",
-        "0.5",
-        "--tpu-stop-grace-seconds",
-        "30",
-        "--tpu-start-timeout-seconds",
-        "120",
-        *tpu,
-        "--",
-        "--config",
-        str(BASE_CONFIG),
-        "--data",
-        data,
-        "--run-dir",
-        run_dir,
-        "--log-every",
-        "4",
-        *set_flags(RUN),
-        *extra,
-    ]
+        "python": sys.executable,
+        "install_dependencies": False,
+        "coordinator_port": 0,
+        "lock_dir": str(tmp / "locks"),
+        "poll_seconds": 0.5,
+        "stop_grace_seconds": 30,
+        "start_timeout_seconds": 120,
+        **(tpu or {}),
+    }
+    run = Run(config, config_hash(config), data, run_dir)
+    job = Job(run, (), "tpu-vm", 2, 1, tpu_options.launcher_settings(settings))  # the fake's slices: 2 hosts
+    path = tmp.with_name(f"{tmp.name}-job.json")  # beside tmp: a test checks that tmp is never made
+    job.write(str(path))
+    return [sys.executable, "-m", "trm.cli", "launch", "--job", str(path), "--", "--log-every", "4", *options]
 
 
 def _start(command: list[str], log: Path) -> subprocess.Popen:
@@ -139,7 +125,7 @@ def test_stock_image_slice_preempted_is_recreated_and_the_run_resumes_from_its_c
     # long before the run could finish on its own.
     longer = ("--set=train.epochs=12",)
     launcher = _start(
-        _launch_command(tpu_bucket, tmp_path, run_dir, data, *longer, tpu=("--tpu-create",)), log
+        _launch_command(tpu_bucket, tmp_path, run_dir, data, *longer, tpu={"create": True}), log
     )
     try:
         started = time.time()
@@ -149,7 +135,7 @@ def test_stock_image_slice_preempted_is_recreated_and_the_run_resumes_from_its_c
         assert lease["pid"] == launcher.pid
         # A second launcher of the run (here in this process: cheaper) is refused before it takes a slice.
         second = _launch_command(
-            tpu_bucket, tmp_path / "second", run_dir, data, *longer, tpu=("--tpu-create",)
+            tpu_bucket, tmp_path / "second", run_dir, data, *longer, tpu={"create": True}
         )
         assert trm_main(second[3:]) == 2
         assert f"process {launcher.pid} (job {lease['job']})" in capsys.readouterr().err
@@ -231,7 +217,7 @@ def test_a_launcher_whose_lease_is_taken_over_kills_its_trainers_and_writes_noth
     run_dir = f"{tpu_bucket}/runs/taken-over"
     log = tmp_path / "launcher.log"
     # The lease is renewed every 30 / 4 s; the trainers checkpoint far more often than their 30 s limit.
-    stale = ("--tpu-stale-after-seconds", "30")
+    stale = {"stale_after_seconds": 30}
     launcher = _start(_launch_command(tpu_bucket, tmp_path, run_dir, data, tpu=stale), log)
     try:
         _wait(lambda: len(node_pids(SLICE)) >= 2, launcher, log, 120, "trainers on both hosts")
@@ -289,7 +275,7 @@ def test_a_launcher_restarted_after_a_kill_stops_the_trainers_it_left_and_resume
     subprocess.run(["gcloud", "fake-create-node", SLICE], check=True, timeout=30)
     run_dir = f"{tpu_bucket}/runs/restarted"
     # The run's slice is the pool's second: the restarted launcher must still go back to it.
-    pool = ("--tpu-slices", f"trm-test-b,{SLICE}")
+    pool = {"slices": ["trm-test-b", SLICE]}
     command = _launch_command(tpu_bucket, tmp_path, run_dir, data, "--set=train.epochs=12", tpu=pool)
     first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
     (tmp_path / "locks").mkdir()
@@ -329,7 +315,7 @@ def test_stock_image_failed_setup_fails_the_job_at_once_with_the_hosts_log_tail(
     fails at its first set-up, with each host's log tail, instead of relaunching."""
     subprocess.run(["gcloud", "fake-create-node", SLICE], check=True, timeout=30)
     run_dir = f"{tpu_bucket}/runs/broken-install"
-    broken = ("--tpu-python", "python3.99-missing", "--tpu-max-relaunches", "5")
+    broken = {"python": "python3.99-missing", "max_relaunches": 5}
     done = subprocess.run(
         _launch_command(tpu_bucket, tmp_path, run_dir, data, tpu=broken),
         cwd=REPO,
@@ -356,7 +342,7 @@ def test_trainers_failing_before_training_fail_the_job_at_once(cloud, tpu_bucket
     the job at its next poll instead of waiting out the start timeout and relaunching."""
     subprocess.run(["gcloud", "fake-create-node", SLICE], check=True, timeout=30)
     run_dir = f"{tpu_bucket}/runs/no-dataset"
-    patient = ("--tpu-start-timeout-seconds", "900", "--tpu-max-relaunches", "5")
+    patient = {"start_timeout_seconds": 900, "max_relaunches": 5}
     command = _launch_command(tpu_bucket, tmp_path, run_dir, f"{tpu_bucket}/no-such-dataset", tpu=patient)
     started = time.time()
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -374,27 +360,24 @@ def test_trainers_failing_before_training_fail_the_job_at_once(cloud, tpu_bucket
 
 
 @pytest.mark.parametrize(
-    ("flag", "value"),
+    ("key", "value"),
     [
-        ("--tpu-slices", "trm;touch PWNED"),
-        ("--tpu-zone", "us-central2-b --project=x"),
-        ("--tpu-project", "$(touch PWNED)"),
-        ("--tpu-accelerator-type", "v4-64 && reboot"),
+        ("slices", ["trm;touch PWNED"]),
+        ("zone", "us-central2-b --project=x"),
+        ("project", "$(touch PWNED)"),
+        ("accelerator_type", "v4-64 && reboot"),
     ],
 )
-def test_bad_names_are_rejected_before_any_command_runs(cloud, tmp_path, capsys, flag, value):
-    command = _launch_command("gs://bkt", tmp_path, "gs://bkt/runs/x", "gs://bkt/data")[3:]
-    if flag in command:
-        command[command.index(flag) + 1] = value
-    else:
-        command[command.index("--") : command.index("--")] = [flag, value]
+def test_bad_names_are_rejected_before_any_command_runs(cloud, tmp_path, capsys, key, value):
+    command = _launch_command("gs://bkt", tmp_path, "gs://bkt/runs/x", "gs://bkt/data", tpu={key: value})[3:]
     assert trm_main(command) == 2
     message = capsys.readouterr().err
-    assert flag in message and repr(value) in message and "expected" in message
+    shown = value[0] if isinstance(value, list) else value
+    assert f"tpu.{key}" in message and repr(shown) in message and "expected" in message
     assert gcloud_calls(cloud) == []
 
 
 def test_local_run_dir_is_refused(cloud, tmp_path, capsys):
     command = _launch_command("gs://bkt", tmp_path, str(tmp_path / "run"), "gs://bkt/data")[3:]
     assert trm_main(command) == 2
-    assert "--run-dir" in capsys.readouterr().err and gcloud_calls(cloud) == []
+    assert "run_dir" in capsys.readouterr().err and gcloud_calls(cloud) == []

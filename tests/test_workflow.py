@@ -1,6 +1,7 @@
-"""The Snakemake workflow: the plan of the study (dry runs through the Snakemake API), bad settings rejected at parse
-time, the smoke scale keeping each group's varied dimension, cost estimates, lint, and one end-to-end run of two
-tiny experiments through every rule to the HTML report, then idempotent reruns."""
+"""The Snakemake workflow over the Study (trm/study/study.py, tested as plain Python in tests/test_study.py): the plan
+of the study (dry runs through the Snakemake API), bad settings rejected at parse time, the printed estimates, the
+job files, lint, and one end-to-end run of two tiny experiments through every rule to the HTML report, then
+idempotent reruns."""
 
 from __future__ import annotations
 
@@ -23,11 +24,9 @@ from snakemake.settings.types import (
 )
 from workflow_support import estimates
 
-from trm.config import config_hash, dump_config, load_config
-from trm.study.estimate import evaluation_flops, evaluation_passes, model_costs, training_flops
-from trm.study.groups import load_groups
-from trm.study.plan import dataset_name, plan_study
-from trm.study.scale import SMOKE, SMOKE_POOL
+from trm.launch.job import read_job
+from trm.study.plan import plan_study
+from trm.study.scale import SMOKE_POOL
 
 pytestmark = pytest.mark.workflow
 
@@ -95,6 +94,7 @@ def test_one_experiment_by_output_path_or_config_and_one_group(workdir):
 
 
 def test_dry_run_prints_estimated_training_and_evaluation_hours_per_job(workdir):
+    """The Study's summary and each job's estimate (their figures: tests/test_study.py), as the dry run prints them."""
     result = subprocess.run(
         [SNAKEMAKE, "-n", "--config", "groups=[exp06]"],
         cwd=workdir,
@@ -105,23 +105,8 @@ def test_dry_run_prints_estimated_training_and_evaluation_hours_per_job(workdir)
     output = result.stdout + result.stderr
     training, evaluation = estimates(output, "training"), estimates(output, "evaluation")
     assert sorted(training) == sorted(evaluation) == [*(f"exp06_{x}" for x in "abcdef"), "ref_paper"]
-    # Same epochs and data: the same examples and FLOPs whatever the batch (each job gets its own figure).
-    exp06 = {exp: hours for exp, hours in training.items() if exp.startswith("exp06")}
-    assert max(exp06.values()) == pytest.approx(min(exp06.values()), rel=0.3)
-    # Evaluation computes whole batches, but no more rows than the puzzles need: the 16 smoke test puzzles are
-    # 18 rows in batches of 6 (exp06_a) and one batch of 16, not 192 (exp06_f).
-    lines = output.splitlines()
-    final_rows = {
-        exp: next(x for x in lines[i:] if "evaluation:" in x).split("training, ")[1].split(" rows")[0]
-        for i, line in enumerate(lines)
-        for exp in ("exp06_a", "exp06_f")
-        if f"train {exp}: estimated" in line
-    }
-    assert final_rows == {"exp06_a": "18", "exp06_f": "16"}
     assert "6 experiments in 1 groups and 1 reference" in output and "7 distinct runs" in output
-    # The assumed utilization is a guess (smoke runs took 1.5 to 8 times less): the line says so.
     assert "estimated at an assumed 10% of peak (a rough bound, not a forecast):" in output
-    assert "x 32 steps at the end" in output  # one pass to the largest test_time_steps count
     study = {line.split(":")[0].strip(): line for line in output.splitlines() if line.startswith("  ")}
     for part, per_job in (("training", training), ("evaluation", evaluation)):
         assert float(study[part].split(":")[1].split()[0]) == pytest.approx(sum(per_job.values()), rel=1e-3)
@@ -153,17 +138,9 @@ def test_unknown_experiment_or_group_lists_the_allowed_ids(workdir):
 
 
 def test_bad_workflow_settings_are_rejected(workdir):
+    """A bad setting stops the parse with the Study's one line (every check: tests/test_study.py)."""
     message = parse_error(workdir, {"scael": "smoke"})
-    assert "unknown key 'scael'" in message and "scale" in message and "storage" in message
-    message = parse_error(workdir, {"scale": "huge"})
-    assert "huge" in message and "smoke" in message and "paper" in message
-    message = parse_error(workdir, {"launch": {"hosts": "two"}})
-    assert "two" in message and "integer" in message
-    message = parse_error(workdir, {"test_time_steps": {"smoke": [16, 0]}})
-    assert "test_time_steps.smoke[1]" in message and "expected at least 1" in message
-    # Ids reach file paths and shell commands.
-    message = parse_error(workdir, {"experiments": ["exp01a; rm -rf /"]})
-    assert "exp01a; rm -rf /" in message and "^[a-z0-9_]+$" in message
+    assert "--config: unknown key 'scael'" in message and "scale" in message and "storage" in message
 
 
 def test_experiment_file_with_a_bad_id_is_rejected(workdir):
@@ -172,80 +149,28 @@ def test_experiment_file_with_a_bad_id_is_rejected(workdir):
     assert "Exp-01.yaml" in message and "^[a-z0-9_]+$" in message
 
 
-def test_lint_is_clean():
+def test_lint_is_clean_but_for_the_software_environments():
+    """Snakemake's lint finds nothing but its advice to give each rule a conda environment or container: no rule
+    has one, deliberately (every command is the `trm` of the environment running Snakemake; docs/architecture.md)."""
     result = subprocess.run([SNAKEMAKE, "--lint"], cwd=REPO, capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "Congratulations, your workflow is in a good condition!" in result.stdout + result.stderr
+    output = result.stdout + result.stderr
+    lints = [line.strip() for line in output.splitlines() if line.startswith("    * ")]
+    assert lints and set(lints) == {"* Specify a conda environment or container for each rule.:"}, output
 
 
-# ------------------------------------------------------------------------------------------ scales and costs
+# ------------------------------------------------------------------------------------------ job files
 
 
-def test_smoke_scale_keeps_what_each_group_varies():
-    paper = {e.id: e.config for e in plan_study("paper")}
-    smoke = {e.id: e.config for e in plan_study("smoke")}
-
-    def values(configs, group):
-        return [tuple(_get(configs[m], key) for key in group["varies"]) for m in group["members"]]
-
-    for group in load_groups():
-        paper_values, smoke_values = values(paper, group), values(smoke, group)
-        assert len(set(smoke_values)) == len(set(paper_values)) == len(group["members"]), group["id"]
-        # The order of the varied values is kept too (ranks of each key across members).
-        for k in range(len(group["varies"])):
-            paper_k, smoke_k = [v[k] for v in paper_values], [v[k] for v in smoke_values]
-            if all(isinstance(v, int | float) and not isinstance(v, bool) for v in paper_k):
-                assert sorted(range(len(paper_k)), key=paper_k.__getitem__) == sorted(
-                    range(len(smoke_k)), key=smoke_k.__getitem__
-                ), (group["id"], group["varies"][k])
-    widths = [smoke[f"exp01{x}"]["arch"]["hidden_size"] for x in "abcdef"]
-    divisor = SMOKE["arch.hidden_size"][1]
-    assert [w * divisor for w in widths] == [paper[f"exp01{x}"]["arch"]["hidden_size"] for x in "abcdef"]
-
-
-def test_smoke_datasets_map_one_to_one_and_scale_changes_the_hash():
-    paper, smoke = plan_study("paper"), plan_study("smoke")
-    pairs = {(p.dataset, s.dataset) for p, s in zip(paper, smoke, strict=True)}
-    assert len({p for p, _ in pairs}) == len({s for _, s in pairs}) == len(pairs) == 10
-    assert dataset_name(paper[0].config) == "p1000-a1000"
-    assert all(p.hash != s.hash for p, s in zip(paper, smoke, strict=True))
-    baselines = {e.hash for e in smoke if e.id in {g["baseline"] for g in load_groups()}}
-    assert len(baselines) == 1  # every group's baseline is the same smoke run config
-
-
-def test_each_run_config_is_resolved_once_into_the_file_its_job_trains(workdir):
-    experiments = ["exp01a", "exp06_f", "exp01c", "exp05_d"]  # two baselines: one run, one file
+def test_parsing_writes_each_runs_job_file_once(workdir):
+    experiments = ["exp01a", "exp01c", "exp05_d"]  # two baselines: one run, one job file
     planned_jobs(workdir, {"experiments": experiments})  # parsing the workflow writes the files
     plan = plan_study("smoke", experiments)
-    files = sorted((workdir / "results/smoke/configs").iterdir())
-    assert [f.name for f in files] == sorted({f"{exp.hash}.json" for exp in plan}) and len(files) == 3
+    files = sorted((workdir / "results/smoke/jobs").iterdir())
+    assert [f.name for f in files] == sorted({f"{exp.hash}.json" for exp in plan}) and len(files) == 2
     for exp in plan:
-        path = workdir / f"results/smoke/configs/{exp.hash}.json"
-        assert path.read_text() == dump_config(exp.config)
-        assert load_config(path, base=None) == exp.config and config_hash(exp.config) == exp.hash
-
-
-def test_estimate_matches_the_spec_flops_of_a_paper_baseline_run():
-    baseline = next(e.config for e in plan_study("paper", ["exp01c"]))
-    costs = model_costs(baseline)
-    assert training_flops(baseline, costs) == pytest.approx(2.136e18, rel=0.01)  # the paper's MLP-T training
-    # The evaluations as the trainer runs them: 9 intermediate ones on eval_subset = 8192 puzzles (2 batches of
-    # 6144 rows) to eval_steps = 16, and one pass over the whole test split (69 batches) to 128 steps.
-    passes = evaluation_passes(baseline, 423_168, (16, 32, 64, 128))
-    assert passes == {"intermediate": (9, 12_288, 16), "final": (1, 69 * 6144, 128), "test_time": (0, 0, 0)}
-    forward = costs["eval_flops_per_example_step"]
-    assert (
-        evaluation_flops(baseline, costs, 423_168, (16, 32, 64, 128))
-        == (9 * 12_288 * 16 + 69 * 6144 * 128) * forward
-    )
-    # The test-time pass is ~5.5e16 x 128 forward steps: about 1.4e18 FLOP (issue #17's figure).
-    assert 69 * 6144 * 128 * forward == pytest.approx(1.4e18, rel=0.1)
-
-
-def _get(config: dict, dotted: str):
-    for key in dotted.split("."):
-        config = config[key]
-    return config
+        job = read_job(str(workdir / f"results/smoke/jobs/{exp.hash}.json"))
+        assert job.run.config == exp.config and job.run.config_hash == exp.hash
+        assert job.run.run_dir == f"results/storage/smoke/runs/{exp.hash}"
 
 
 # ---------------------------------------------------------------------------------------------- end to end

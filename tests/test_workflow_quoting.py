@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from trm.launch.job import read_job
 from trm.study.plan import plan_study
 
 pytestmark = pytest.mark.workflow
@@ -111,8 +112,12 @@ def test_dry_run_prints_every_hostile_setting_as_one_quoted_argument(workdir, ba
                 if f"PWNED-{key}" in token:
                     assert value in token, f"{key} split up or altered in: {command}"
                     carried.add(key)
-    expected = set(values) - ({"lock_dir"} if backend == "local" else set())
+    in_job = {"lock_dir", "code_url"}  # the launcher's settings reach it in the job file, not in a command
+    expected = set(values) - in_job
     assert carried == expected, f"settings that reached no command: {expected - carried}"
+    jobs = [read_job(str(path)) for path in (workdir / values["results"]).glob("*/jobs/*.json")]
+    assert jobs and all(job.tpu["lock_dir"] == values["lock_dir"] for job in jobs)
+    assert all(job.tpu["code_url"] == values.get("code_url", job.tpu["code_url"]) for job in jobs)
     assert not pwned(workdir)
 
 

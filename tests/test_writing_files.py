@@ -214,7 +214,8 @@ WRITE_A_RUN_DIR = """
 import sys
 from trm.config import load
 from trm.run import layout, state
-layout.claim(sys.argv[1], load.load_config(None, [], base=load.BASE_CONFIG))
+config = load.load_config(None, [], base=load.BASE_CONFIG)
+layout.claim(sys.argv[1], config, load.config_hash(config))
 state.write_status(sys.argv[1], {"state": "running", "step": 0})
 """
 

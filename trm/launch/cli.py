@@ -1,21 +1,26 @@
 """Start `trm train` on every host of a job and wait for all of them.
 
-    trm launch --backend local --hosts 2 --devices-per-host 2 -- --config C --data D --run-dir R [--set K=V ...]
+    trm launch --job results/smoke/jobs/HASH.json [-- --log-every 10]
+    trm launch --hosts 2 --devices-per-host 2 -- --config C --data D --run-dir R [--set K=V ...]
 
-    trm launch --backend tpu-vm --tpu-slices trm-v4-64-a --tpu-create --tpu-code-url gs://BUCKET/code \\
-        -- --config C --data gs://... --run-dir gs://...
+A job file (trm/launch/job.py) holds everything about one run: its resolved config and hash, the dataset, the
+run dir, the test-time steps and the launch settings (backend, hosts, devices per host, the tpu-vm backend's
+settings). The workflow writes one per distinct run, RESULTS/SCALE/jobs/<hash>.json (also on a dry run:
+`snakemake -n --config experiments=[exp01a]` writes exp01a's), and its train rule runs `trm launch --job FILE`.
+After `--` may come `trm train` options that are not part of the run (--log-every, --cache-dir, --wandb).
+By hand, the second form launches on the local backend: after `--` come the arguments of `trm train`, whose run
+the launcher resolves itself.
 
-After `--` come the arguments of `trm train`. The launcher resolves the run once (trm/run/spec.py), refuses a batch
-the job's devices cannot split, writes the resolved config to RUN_DIR/config.json, and starts every host's trainer
-on that file with the other arguments unchanged. The workflow passes a config it resolved already. Before writing
-anything in the run dir it takes the run's lease (trm/run/lease.py): a second launcher of the same run fails with
-one line naming the holder. The exit code is 0 when every host finished, 42 when the job was preempted (run the
-same command again to resume), otherwise a failure. SIGINT or SIGTERM stops every host through its checkpoint
-(exit 42 locally, 128 + the signal on tpu-vm); a job of the workflow stops the same way when Snakemake dies
+The launcher refuses a batch the job's devices cannot split, writes the run's config to RUN_DIR/config.json and
+starts every host's trainer on that copy with the hash the job carries. Before writing anything in the run dir
+it takes the run's lease (trm/run/lease.py): a second launcher of the same run fails with one line naming the
+holder. The exit code is 0 when every host finished, 42 when the job was preempted (run the same command again
+to resume), otherwise a failure. SIGINT or SIGTERM stops every host through its checkpoint (exit 42 locally,
+128 + the signal on tpu-vm); a job of the workflow stops the same way when Snakemake dies
 (trm/run/lifetime.py). Backends:
   local   H processes on this machine with D CPU devices each (tests, laptops, the workflow's default)
   tpu-vm  every host of a Cloud TPU slice, relaunched after preemptions (trm/launch/tpu_vm.py, docs/tpu.md);
-          its settings default to config/config.yaml's launch.tpu (trm/launch/tpu_options.py)
+          its settings are the job file's `tpu` (the workflow's launch.tpu, trm/launch/tpu_options.py)
 """
 
 from __future__ import annotations
@@ -27,52 +32,86 @@ import importlib
 from trm.config import batch_split_problem
 from trm.errors import UserError
 from trm.launch import tpu_options
+from trm.launch.job import Job, read_job
 from trm.run import layout, spec
 from trm.run.lease import Lease
 from trm.run.lifetime import watch_controller
 
-# name -> module defining `check(args, run)` (bad settings, before anything is written) and
-# `launch(args, run, host_args, lease_lost) -> int`, which stops the job's trainers at once when the threading.Event
+# name -> module defining `check(job)` (bad settings, before anything is written) and
+# `launch(job, host_args, lease_lost) -> int`, which stops the job's trainers at once when the threading.Event
 # `lease_lost` is set (another launcher took the run over). Each backend is one module; add new ones here.
 BACKENDS: dict[str, str] = {"local": "trm.launch.local", "tpu-vm": "trm.launch.tpu_vm"}
 # Trainer arguments the launcher sets itself on every host.
 RESERVED_ARGS = ("--coordinator", "--num-processes", "--process-id", "--distributed-auto")
+# Trainer arguments a job file gives (after `--job`, none may follow `--`).
+RUN_ARGS = (
+    "--config",
+    "--config-hash",
+    "--set",
+    "--data",
+    "--run-dir",
+    "--test-time-steps",
+    "--test-time-subset",
+)
 EXIT_LEASE_LOST = 1  # another launcher took the run over while this one trained it (it says so on stdout)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", choices=sorted(BACKENDS), default="local", help="where hosts run")
-    parser.add_argument("--hosts", type=int, default=1, help="number of hosts (processes), default 1")
-    parser.add_argument("--devices-per-host", type=int, default=1, help="devices of each host, default 1")
-    tpu_options.add_arguments(parser)
-    parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then the arguments of `trm train`")
+    parser.add_argument("--job", help="a job file (see above; the workflow's RESULTS/SCALE/jobs/<hash>.json)")
+    parser.add_argument("--hosts", type=int, help="without --job: number of hosts (processes), default 1")
+    parser.add_argument("--devices-per-host", type=int, help="without --job: devices of each host, default 1")
+    parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then arguments of `trm train`")
 
 
 def main(args: argparse.Namespace) -> int:
     train_args = list(args.train_args)
     if train_args[:1] == ["--"]:
         train_args = train_args[1:]
-    if not train_args:
-        raise UserError("no training arguments: trm launch [options] -- --config C --data D --run-dir R")
-    if args.hosts < 1:
-        raise UserError(f"--hosts {args.hosts}: must be >= 1")
-    if args.devices_per_host < 1:
-        raise UserError(f"--devices-per-host {args.devices_per_host}: must be >= 1")
     reserved = [arg for arg in train_args if arg.split("=")[0] in RESERVED_ARGS]
     if reserved:
         raise UserError(f"{reserved[0]}: the launcher sets the multi-host options itself")
-    run, other_args = spec.split(train_args)
-    if problem := batch_split_problem(run.config["train"], args.hosts * args.devices_per_host):
-        raise UserError(f"{problem} (--hosts {args.hosts} x --devices-per-host {args.devices_per_host})")
-    backend = importlib.import_module(BACKENDS[args.backend])
-    backend.check(args, run)
-    lease = Lease(run.run_dir, args.tpu_stale_after_seconds, log)
+    if args.job:
+        if args.hosts is not None or args.devices_per_host is not None:
+            raise UserError(f"--hosts, --devices-per-host: the job file {args.job} gives the job's shape")
+        given = [arg for arg in train_args if arg.split("=")[0] in RUN_ARGS]
+        if given:
+            raise UserError(
+                f"{given[0]}: the job file {args.job} gives the run; after -- only trainer options"
+            )
+        job, options = read_job(args.job), train_args
+    else:
+        job, options = _job_by_hand(args, train_args)
+    if problem := batch_split_problem(job.run.config["train"], job.devices):
+        raise UserError(f"{problem} (hosts {job.hosts} x devices_per_host {job.devices_per_host})")
+    if job.backend not in BACKENDS:
+        raise UserError(f"{args.job}: backend {job.backend!r}: one of {', '.join(sorted(BACKENDS))}")
+    backend = importlib.import_module(BACKENDS[job.backend])
+    backend.check(job)
+    lease = Lease(job.run.run_dir, job.tpu["stale_after_seconds"], log)
     # A finished run needs no lease: nothing trains it again.
-    with contextlib.nullcontext() if layout.finished(run.run_dir) else lease.held():
-        layout.claim(run.run_dir, run.config)  # what every host trains
+    with contextlib.nullcontext() if layout.finished(job.run.run_dir) else lease.held():
+        layout.claim(job.run.run_dir, job.run.config, job.run.config_hash)  # what every host trains
         watch_controller()  # a workflow's job: stop (as on SIGTERM) if Snakemake is killed
-        code = backend.launch(args, run, [*run.trainer_arguments(), *other_args], lease.lost)
+        code = backend.launch(job, [*job.trainer_arguments(), *options], lease.lost)
     return EXIT_LEASE_LOST if lease.lost.is_set() else code
+
+
+def _job_by_hand(args: argparse.Namespace, train_args: list[str]) -> tuple[Job, list[str]]:
+    """The local job of `--hosts`, `--devices-per-host` and `trm train`'s arguments, and the trainer's other
+    options (passed on to every host unchanged)."""
+    if not train_args:
+        raise UserError(
+            "no training arguments: trm launch --job FILE, or trm launch [options] -- --config C --data D --run-dir R"
+        )
+    hosts = 1 if args.hosts is None else args.hosts
+    devices_per_host = 1 if args.devices_per_host is None else args.devices_per_host
+    if hosts < 1:
+        raise UserError(f"--hosts {hosts}: must be >= 1")
+    if devices_per_host < 1:
+        raise UserError(f"--devices-per-host {devices_per_host}: must be >= 1")
+    run, options = spec.split(train_args)
+    tpu = tpu_options.launcher_settings(tpu_options.defaults())
+    return Job(run, (), "local", hosts, devices_per_host, tpu), options
 
 
 def log(message: str) -> None:

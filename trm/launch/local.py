@@ -13,7 +13,6 @@ session and get SIGTERM when the launcher dies, however it dies (trm/run/lifetim
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import socket
@@ -22,13 +21,16 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trm.errors import UserError
 from trm.platform import local_platform, visible_gpus
 from trm.run import distributed
 from trm.run.lifetime import ENV_LAUNCHER_PID
-from trm.run.spec import Run
 from trm.run.state import EXIT_PREEMPTED
+
+if TYPE_CHECKING:
+    from trm.launch.job import Job
 
 # Short on purpose: on one machine a silent host is dead, and tests must not wait minutes for it.
 LOCAL_TIMEOUTS = {
@@ -254,10 +256,10 @@ def _supervise(
     return [_host_code(p, stopping) for p in procs], first_failure
 
 
-def check(args: argparse.Namespace, run: Run) -> None:
+def check(job: Job) -> None:
     """Nothing to check: any storage URL works for processes on this machine (registry of trm/launch/cli.py)."""
 
 
-def launch(args: argparse.Namespace, run: Run, train_args: list[str], lease_lost: threading.Event) -> int:
+def launch(job: Job, train_args: list[str], lease_lost: threading.Event) -> int:
     """Entry point of the registry in trm/launch/cli.py."""
-    return run_hosts(args.hosts, args.devices_per_host, train_args, lease_lost)
+    return run_hosts(job.hosts, job.devices_per_host, train_args, lease_lost)

@@ -1,10 +1,11 @@
-"""The tpu-vm backend's settings, one source for the workflow and for `trm launch`.
+"""The tpu-vm backend's settings, one source for the workflow, its job files and `trm preflight`.
 
 Each setting is a key of the workflow's `launch.tpu`: workflow/schemas/config.schema.yaml says what it means and its
 type, config/config.yaml holds its default, and `check` applies the schema and trm/launch/gcloud.py's name
-patterns. `trm launch` takes a setting as --tpu-KEY (dashes for underscores; --tpu-KEY / --no-tpu-KEY for
-true or false; a comma-separated list for the pool of slices) and the workflow turns its `launch.tpu` into the
-same flags with `flags`, so a dry run refuses what the launcher would.
+patterns. The workflow checks its settings with `check` at parse time and writes them into each run's job file
+(trm/launch/job.py), whose `trm launch --job` checks them again, so a dry run refuses what the launcher would.
+`trm preflight` takes some as --tpu-KEY flags (dashes for underscores; --tpu-KEY / --no-tpu-KEY for true or
+false; a comma-separated list for the pool of slices), which the workflow writes with `flags`.
 """
 
 from __future__ import annotations
@@ -91,22 +92,13 @@ def add_argument(parser: argparse.ArgumentParser, key: str, default: Any) -> Non
         parser.add_argument(flag(key), type=_TYPES[kind], choices=node.get("enum"), **words)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group(
-        "tpu-vm backend (docs/tpu.md; defaults from config/config.yaml launch.tpu)"
-    )
-    values = defaults()
-    for key in _settings():
-        add_argument(group, key, values[key])
-
-
-def from_arguments(args: argparse.Namespace) -> TpuOptions:
-    """The checked settings of `add_arguments`' flags; a bad value is a UserError naming its flag."""
-    return check({key: getattr(args, f"tpu_{key}") for key in _settings()}, flag)
+def launcher_settings(tpu: dict[str, Any]) -> dict[str, Any]:
+    """The launcher's keys of a `launch.tpu` mapping (without the workflow's own switch, `preflight`)."""
+    return {key: tpu[key] for key in _settings()}
 
 
 def flags(settings: dict[str, Any]) -> list[str]:
-    """The `trm launch` flags that give these settings (e.g. the workflow's `launch.tpu`)."""
+    """The --tpu-KEY flags that give these settings (of `trm preflight`)."""
     args = []
     for key, value in settings.items():
         if key not in _settings():

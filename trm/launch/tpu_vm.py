@@ -3,9 +3,9 @@
 Run on the controller (the machine running Snakemake), one launcher per job, after trm/launch/cli.py has written
 the run's resolved config to RUN_DIR/config.json (every host trains that file, read from storage):
 
- 1. Take a slice from the pool (`--tpu-slices A,B`; trm/launch/slice_pool.py): a lock file per slice on the
-    controller means two jobs never share one. With `--tpu-create` a missing slice is created through a queued
-    resource (spot, reserved or on-demand), and with `--tpu-delete-after` deleted when the job ends. The
+ 1. Take a slice from the pool (the job file's `tpu.slices`; trm/launch/slice_pool.py): a lock file per slice on the
+    controller means two jobs never share one. With `tpu.create` a missing slice is created through a queued
+    resource (spot, reserved or on-demand), and with `tpu.delete_after` deleted when the job ends. The
     cloud's states and errors are read in trm/launch/tpu_slice.py and gcloud.py.
  2. Ship the code: a wheel of this checkout's exact sources, in storage under its version (built and uploaded
     only when missing), installed on every host into a Python 3.11 venv made by uv, once per slice and wheel
@@ -15,7 +15,7 @@ the run's resolved config to RUN_DIR/config.json (every host trains that file, r
     process id each host's worker number from its metadata server.
  4. Poll the run's markers (trm/run/state.py) and the slice's state. When the slice is preempted or a host
     is lost (stale heartbeat), recreate the slice (create mode) or wait for it (pool), and relaunch: the
-    trainer resumes from the latest checkpoint. At most `--tpu-max-relaunches` times. An ssh start that fails
+    trainer resumes from the latest checkpoint. At most `tpu.max_relaunches` times. An ssh start that fails
     twice in a row on a slice that stays READY fails the job instead.
  5. SIGTERM or SIGINT (Snakemake cancelling the job, or Snakemake gone: trm/run/lifetime.py) stops the
     trainer on every host (it checkpoints first), marks the run cancelled and exits 128 + signal. A launcher
@@ -32,7 +32,6 @@ relaunch (rerun to resume). Every step is logged with a timestamp on stdout (the
 
 from __future__ import annotations
 
-import argparse
 import signal
 import subprocess
 import threading
@@ -41,6 +40,7 @@ import time
 from trm import storage
 from trm.errors import UserError
 from trm.launch import gcloud, local, slice_pool, tpu_host, tpu_options, wheel
+from trm.launch.job import Job
 from trm.launch.tpu_options import TpuOptions
 from trm.launch.tpu_slice import Slice, SliceLost
 from trm.run import state as runstate
@@ -279,12 +279,18 @@ class Babysitter:
         return "relaunch", "starting on the hosts failed (the slice is READY: retrying once)"
 
 
-def check(args: argparse.Namespace, run: Run) -> None:
+def check(job: Job) -> None:
     """Refuse bad tpu-vm settings and run URLs the hosts cannot reach, before anything is written or started."""
-    tpu_options.from_arguments(args)
-    for flag, url in (("--data", run.data), ("--run-dir", run.run_dir)):
-        if not _is_gcs(storage.check_url(url, flag)):
-            raise UserError(f"{flag} {url}: the tpu-vm backend needs a gs:// URL (TPU hosts share no files)")
+    tpu_options.check(job.tpu, _job_setting)
+    for key, url in (("data", job.run.data), ("run_dir", job.run.run_dir)):
+        if not _is_gcs(storage.check_url(url, f"the job's {key}")):
+            raise UserError(
+                f"the job's {key} {url}: the tpu-vm backend needs a gs:// URL (TPU hosts share no files)"
+            )
+
+
+def _job_setting(key: str) -> str:
+    return f"the job's tpu.{key}"
 
 
 def _last_slice_first(slices: tuple[str, ...], run: Run) -> tuple[str, ...]:
@@ -294,9 +300,9 @@ def _last_slice_first(slices: tuple[str, ...], run: Run) -> tuple[str, ...]:
     return (last, *(name for name in slices if name != last)) if last in slices else slices
 
 
-def launch(args: argparse.Namespace, run: Run, host_args: list[str], lease_lost: threading.Event) -> int:
+def launch(job: Job, host_args: list[str], lease_lost: threading.Event) -> int:
     """Entry point of the registry in trm/launch/cli.py."""
-    options = tpu_options.from_arguments(args)
+    options, run = tpu_options.check(job.tpu, _job_setting), job.run
     log(f"run {run.run_dir} (config {run.config_hash}), slices {list(options.slices)} in {options.zone}")
     previous = {sig: signal.signal(sig, _raise_cancelled) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -305,7 +311,7 @@ def launch(args: argparse.Namespace, run: Run, host_args: list[str], lease_lost:
         )
         with pool as name:
             log(f"slice {name} is ours for this job")
-            sitter = Babysitter(options, run, host_args, name, args.hosts, lease_lost)
+            sitter = Babysitter(options, run, host_args, name, job.hosts, lease_lost)
             try:
                 return sitter.run()
             except Cancelled as cancelled:

@@ -74,10 +74,10 @@ def stored_config_hash(run_dir: str) -> str | None:
     return config_hash(json.loads(storage.read_text(url)))
 
 
-def claim(run_dir: str, config: dict, write: bool = True) -> None:
-    """Tie `run_dir` to `config`: write its config.json (when `write` and there is none yet), and refuse a run dir
-    that holds another config, since its checkpoints belong to that one."""
-    stored, own = stored_config_hash(run_dir), config_hash(config)
+def claim(run_dir: str, config: dict, own: str, write: bool = True) -> None:
+    """Tie `run_dir` to `config`, whose hash is `own`: write its config.json (when `write` and there is none yet),
+    and refuse a run dir that holds another config, since its checkpoints belong to that one."""
+    stored = stored_config_hash(run_dir)
     if stored is not None and stored != own:
         raise UserError(
             f"{path(run_dir, CONFIG)} holds config {stored}, not this run's {own}: "

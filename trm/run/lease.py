@@ -267,7 +267,7 @@ class Lease:
 
     def __init__(self, run_dir: str, stale_after_s: float, log: Callable[[str], None]) -> None:
         if stale_after_s <= 0:
-            raise UserError(f"--tpu-stale-after-seconds {stale_after_s}: must be > 0")
+            raise UserError(f"launch.tpu.stale_after_seconds {stale_after_s}: must be > 0")
         self.url = layout.path(run_dir, layout.LEASE)
         self.stale_after_s = stale_after_s
         self.log = log

@@ -2,8 +2,8 @@
 
 `trm train` takes these arguments, and `trm launch` takes them after `--` with the trainer's other options. The
 command that gets them resolves the config once; the launcher then writes it to the run dir, and every host trains
-that file (`Run.trainer_arguments`), so no host resolves the config again. A `{config_hash}` in --run-dir becomes
-the resolved config's hash.
+that file with the hash the launcher's job carries (`--config-hash`; trm/launch/job.py), so no host resolves or
+hashes the config again. A `{config_hash}` in --run-dir becomes the resolved config's hash.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from trm.config import add_config_arguments, config_hash, resolve_config_arguments
 from trm.errors import UserError
-from trm.run import layout
 
 
 @dataclass(frozen=True)
@@ -25,17 +24,6 @@ class Run:
     data: str
     run_dir: str
 
-    def trainer_arguments(self) -> list[str]:
-        """`trm train` arguments that train this run from the config.json of its run dir."""
-        return [
-            "--config",
-            layout.path(self.run_dir, layout.CONFIG),
-            "--data",
-            self.data,
-            "--run-dir",
-            self.run_dir,
-        ]
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
@@ -45,12 +33,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         required=True,
         help="URL of the run directory (created if missing); {config_hash} is replaced by the config's hash",
     )
+    parser.add_argument(
+        "--config-hash",
+        help="the config's hash as the launcher's job file carries it (trm launch sets it; default: computed); "
+        "checked against the run dir's config.json",
+    )
 
 
 def resolve(args: argparse.Namespace) -> Run:
     """The run of parsed `add_arguments` arguments, its config resolved."""
     config = resolve_config_arguments(args)
-    digest = config_hash(config)
+    digest = args.config_hash or config_hash(config)
     return Run(config, digest, args.data, args.run_dir.replace("{config_hash}", digest))
 
 

@@ -1,8 +1,10 @@
 """The study plan the workflow runs: which experiments, their resolved configs at a scale, and their datasets.
 
-Built at parse time by workflow/rules/common.smk (no checkpoints: every job is known to a dry run). Each
-experiment resolves once, as config/base.yaml <- config/experiments/<id>.yaml, then the scale's rules
-(trm/study/scale.py); the workflow writes the result to RESULTS/configs/<hash>.json, the one file its run trains.
+Built at parse time by the workflow's Study (trm/study/study.py; no checkpoints: every job is known to a dry run).
+Each experiment resolves once, as config/base.yaml <- config/experiments/<id>.yaml, then the scale's rules
+(trm/study/scale.py); the workflow writes the result into its run's job file, RESULTS/jobs/<hash>.json
+(trm/launch/job.py). Planning all 68 experiments takes about 0.4 s, so every `snakemake` call plans afresh (no
+cache that could go stale).
 The config hash names the run directory, and (data.train_puzzles, data.num_aug) names the dataset it trains on, so
 experiments sharing a dataset (exp04a_1000 and every baseline) share one build.
 """
@@ -10,17 +12,13 @@ experiments sharing a dataset (exp04a_1000 and every baseline) share one build.
 from __future__ import annotations
 
 import difflib
-import hashlib
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from trm import storage
 from trm.config import (
-    BASE_CONFIG,
     EXPERIMENTS_DIR,
-    SCHEMA_PATH,
     batch_split_problem,
     config_hash,
     experiment_ids,
@@ -122,7 +120,7 @@ def plan_study(
         raise UserError(
             f"{source}: no experiment is both in experiments={experiments} and in a group of groups={groups}"
         )
-    # Every member resolves (0.4 s for the 67; a plan is cached), so that `varies` holds for the whole study.
+    # Every member resolves (0.4 s for the 67), so that `varies` holds for the whole study.
     paper = {m: load_config(Path(experiments_dir) / f"{m}.yaml") for m in group_of if m not in references}
     errors = varies_errors(table, paper, load_config(), groups_path, experiments_dir)
     if errors:
@@ -165,46 +163,3 @@ def check_batches(plan: list[Experiment], devices: int, where: str) -> None:
     lines = [f"{exp.path}: {problem} ({where})" for exp, problem in problems[:3]]
     more = f" (and {len(problems) - 3} more experiments)" if len(problems) > 3 else ""
     raise UserError("; ".join(lines) + more + ": choose a batch that divides, or another device count")
-
-
-# What a plan follows from besides its arguments: the config files and the code that resolves and scales them.
-_PLAN_CODE = (
-    [Path(__file__)]
-    + sorted(Path(__file__).parents[1].joinpath("config").glob("*.py"))
-    + [Path(__file__).with_name(name) for name in ("scale.py", "groups.py")]
-)
-
-
-def _plan_key(scale: str, experiments, groups, experiments_dir: Path, groups_path: Path) -> str:
-    """A digest of everything `plan_study` reads: equal digests, equal plans."""
-    digest = hashlib.sha256(json.dumps([scale, experiments, groups, str(experiments_dir)]).encode())
-    files = [BASE_CONFIG, SCHEMA_PATH, Path(groups_path), *sorted(Path(experiments_dir).glob("*.yaml"))]
-    for path in files + _PLAN_CODE:
-        digest.update(str(path).encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
-def plan_study_cached(
-    cache_file: str | Path, scale: str, experiments="all", groups="all", **kwargs
-) -> list[Experiment]:
-    """`plan_study`, kept in `cache_file` under a digest of its inputs (files and code), so that an unchanged
-    study is planned from one JSON read: every `snakemake` call plans the study, a dry run included."""
-    experiments_dir = Path(kwargs.get("experiments_dir", EXPERIMENTS_DIR))
-    key = _plan_key(scale, experiments, groups, experiments_dir, Path(kwargs.get("groups_path", GROUPS_PATH)))
-    cache_file = Path(cache_file)
-    try:
-        cached = json.loads(cache_file.read_text())
-        if cached["key"] == key:
-            return [
-                Experiment(e["id"], e["group"], Path(e["path"]), e["config"], e["hash"])
-                for e in cached["plan"]
-            ]
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # no cache yet, or an unreadable one: plan afresh
-    plan = plan_study(scale, experiments, groups, **kwargs)
-    records = [
-        {"id": e.id, "group": e.group, "path": str(e.path), "config": e.config, "hash": e.hash} for e in plan
-    ]
-    # Atomic: two concurrent dry runs never read half a file.
-    storage.write_text(str(cache_file), json.dumps({"key": key, "plan": records}))
-    return plan

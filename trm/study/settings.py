@@ -9,6 +9,7 @@ Errors name the setting, where its value came from and what is allowed, in one l
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -130,3 +131,24 @@ def _check_keys(settings: dict, schema: dict, where: str, source_of: SourceOf) -
             )
         if isinstance(value, dict) and "properties" in allowed[key]:
             _check_keys(value, allowed[key], f"{where}{key}.", source_of)
+
+
+def setting_source(dotted: str, command_line: dict, config_files: list[str], default: str) -> str:
+    """Where the workflow setting `dotted` gets its value: `--config` (`command_line`), the last of
+    `config_files` (`--configfile`, e.g. a profile's study file) that sets it, or the `default` file."""
+    keys = dotted.split(".")
+
+    def holds(tree: Any) -> bool:
+        for key in keys:
+            if not isinstance(tree, dict) or key not in tree:
+                return False
+            tree = tree[key]
+        return True
+
+    if holds(command_line):
+        return "--config"
+    for path in reversed(config_files):
+        with open(path) as stream:
+            if holds(yaml.safe_load(stream)):
+                return os.path.relpath(path)
+    return default

@@ -18,7 +18,8 @@ Under the table, when a run stopped early: where its hosts' logs are (every atte
 last).
 
 Defaults, as the workflow reads them: config/config.yaml, with `--profile`'s study file (its `configfile`, e.g.
-profiles/tpu-v4-64/study.yaml) over it; `--storage` and `--scale` win. `--experiment ID` resolves the experiment
+profiles/tpu-v4-64/study.yaml) over it, give the storage, the scale and the stale limit
+(launch.tpu.stale_after_seconds); `--storage`, `--scale` and `--stale-after` win. `--experiment ID` resolves the experiment
 as the plan does (trm/study/plan.py) at that scale, so its run dir is STORAGE/<scale>/runs/<hash>.
 
 Experiments are named by matching each run's config hash with the study plan at the run's scale (experiments with
@@ -39,7 +40,6 @@ import yaml
 from trm import storage
 from trm.config import CONFIG_DIR, experiment_path
 from trm.errors import UserError
-from trm.launch import tpu_options
 from trm.run import layout
 from trm.run.state import RunState, read_run
 from trm.study.scale import SCALES
@@ -76,9 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stale-after",
         type=float,
-        default=tpu_options.defaults()["stale_after_seconds"],  # launch.tpu.stale_after_seconds
         metavar="SECONDS",
-        help="a running trainer whose heartbeat is older than this is shown as lost (default %(default)g)",
+        help="a running trainer whose heartbeat is older than this is shown as lost (default: "
+        "launch.tpu.stale_after_seconds of the study settings, --profile's if given)",
     )
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object per run instead of a table"
@@ -308,11 +308,13 @@ def render(root: str, stale_after_s: float, as_json: bool) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    settings = {} if args.storage and not args.experiment else study_settings(args.profile)
+    settings = study_settings(args.profile)
     root = storage.check_url(
         args.storage or _setting(settings, "storage", args.profile),
         "--storage" if args.storage else "storage",
     )
+    if args.stale_after is None:
+        args.stale_after = float(settings["launch"]["tpu"]["stale_after_seconds"])
     if args.stale_after <= 0:
         raise UserError(f"--stale-after {args.stale_after}: must be > 0 seconds")
     if args.watch is not None and args.watch <= 0:

@@ -13,7 +13,7 @@ heartbeat, read by `trm status` and the TPU launcher; see trm/run/state.py) and 
 Running the same command again after a kill or preemption continues from the latest checkpoint and ends with
 the same parameters as an uninterrupted run; one stopped during the final evaluation continues it after its last
 saved batch. SIGTERM/SIGINT save a checkpoint (or the evaluation's progress) and exit with code 42; a trainer
-started by `trm launch --backend local` also gets SIGTERM when its launcher dies (trm/run/lifetime.py).
+started by `trm launch` (local backend) also gets SIGTERM when its launcher dies (trm/run/lifetime.py).
 Exit codes: 0 finished, 2 bad input, 42 stopped early (resumable).
 
 Multi-host (one process per host, see `trm launch` and trm/run/distributed.py): every process runs this
@@ -118,6 +118,7 @@ def _train(args: argparse.Namespace, host_log: HostLog, timings: Timings) -> int
                 test_time_steps,
                 timings,
                 test_time_subset=args.test_time_subset,
+                config_hash=run.config_hash,
             )
     except BaseException as err:
         # A setup failure (no dataset, bad data, storage unreachable) still ends the run with a reason.

@@ -11,7 +11,7 @@ import time
 import jax
 
 from trm import storage
-from trm.config import config_hash
+from trm.config import config_hash as hash_of_config
 from trm.data.format import check_same_format, load_split
 from trm.data.verify import fetch_dataset
 from trm.errors import UserError
@@ -43,9 +43,11 @@ class Trainer:
         test_time_steps: tuple[int, ...] = (),
         timings: Timings | None = None,
         test_time_subset: int | None = None,
+        config_hash: str | None = None,
     ) -> None:
         self.timings = timings or Timings()
         self.config = config
+        self.config_hash = config_hash or hash_of_config(config)  # a job's, from --config-hash
         self.data_url = data_url
         self.test_time_steps = test_time_steps
         self.test_time_subset = test_time_subset
@@ -63,7 +65,7 @@ class Trainer:
             host_log.attach(layout.host_log(run_dir, self.process_index))
         print(
             f"host {self.process_index} of {self.process_count}: {jax.local_device_count()} of "
-            f"{jax.device_count()} devices, config {config_hash(config)}, code {distributed.code_version()}",
+            f"{jax.device_count()} devices, config {self.config_hash}, code {distributed.code_version()}",
             file=sys.stderr,
         )
 
@@ -91,12 +93,12 @@ class Trainer:
             keep=tc["keep_checkpoints"],
             every_steps=tc["checkpoint_every_steps"],
         )
-        self.wandb = _start_wandb(config, run_dir) if use_wandb and self.is_writer else None
+        self.wandb = _start_wandb(config, self.config_hash, run_dir) if use_wandb and self.is_writer else None
         self._stop_signal: int | None = None
         self.status = TrainerStatus(
             run_dir,
             self.is_writer,
-            config_hash=config_hash(config),
+            config_hash=self.config_hash,
             total_steps=self.total_steps,
             total_epochs=self.batches.epoch_at(self.total_steps),
             global_batch_size=tc["global_batch_size"],
@@ -111,15 +113,13 @@ class Trainer:
         Every host reads config.json (not just process 0: there is no shared filesystem on a pod), and each
         check is agreed by a collective, so all hosts fail together with the same message.
         """
-        own = config_hash(self.config)
-        distributed.check_hosts_agree(
-            "config hash and code version", f"config {own}, code {distributed.code_version()}"
-        )
+        own = f"config {self.config_hash}, code {distributed.code_version()}"
+        distributed.check_hosts_agree("config hash and code version", own)
         url = layout.path(self.run_dir, layout.CONFIG)
         distributed.check_hosts_agree(
             f"the config hash found in {url}", str(layout.stored_config_hash(self.run_dir))
         )
-        layout.claim(self.run_dir, self.config, write=self.is_writer)
+        layout.claim(self.run_dir, self.config, self.config_hash, write=self.is_writer)
         if self.process_count > 1:
             from jax.experimental import multihost_utils
 
@@ -184,7 +184,7 @@ class Trainer:
             else None
         )
         summary = {
-            "config_hash": config_hash(self.config),
+            "config_hash": self.config_hash,
             "code_version": distributed.code_version(),
             "processes": self.process_count,
             "devices": jax.device_count(),
@@ -354,7 +354,7 @@ class Trainer:
 
     def _save(self, state: TrainState, step: int, started: float, window: MetricWindow) -> None:
         record = {
-            "config_hash": config_hash(self.config),
+            "config_hash": self.config_hash,
             "epoch": self.batches.epoch_at(step),
             "wall_seconds": time.time() - started,
             "metric_window": window.to_record(),
@@ -389,12 +389,12 @@ WANDB_MISSING = (
 )
 
 
-def _start_wandb(config: dict, run_dir: str):
+def _start_wandb(config: dict, digest: str, run_dir: str):
     try:
         import wandb
     except ImportError as err:
         raise UserError(WANDB_MISSING) from err
-    run_id = f"trm-{config_hash(config)}"
+    run_id = f"trm-{digest}"
     return wandb.init(
         project="trm-study", id=run_id, name=run_id, resume="allow", config=config, notes=f"run dir {run_dir}"
     )

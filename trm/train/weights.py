@@ -23,6 +23,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from trm import storage
+from trm.config import config_hash
 from trm.errors import UserError
 from trm.model.config import ModelConfig
 from trm.model.torch_io import parameter_templates
@@ -180,5 +181,5 @@ def write_run_dir(
     checkpoints.save(0, state, {"imported": provenance})
     checkpoints.wait()
     checkpoints.close()
-    layout.claim(run_dir, config)
+    layout.claim(run_dir, config, config_hash(config))
     storage.write_text(layout.path(run_dir, layout.PROVENANCE), json.dumps(provenance, indent=2) + "\n")

@@ -6,7 +6,7 @@ VERDICTS = os.path.join(RESULTS, "verdicts")
 
 rule aggregate:
     input:
-        summaries=[run_summary(exp) for exp in PLAN],
+        summaries=[study.run_summary(exp) for exp in PLAN],
         groups="config/groups.yaml",
     output:
         csv=report(
@@ -28,8 +28,6 @@ rule aggregate:
             *("--utilization", config["accelerator"]["utilization"]),
             *("--test-puzzles", TEST_PUZZLES[config["scale"]]),
         ],
-    conda:
-        SOFTWARE
     log:
         os.path.join(RESULTS, "logs", "aggregate.log"),
     shell:
@@ -56,8 +54,6 @@ rule verdicts:
         scale=config["scale"],
         groups=SELECTED_GROUPS,
         folder=lambda wildcards, output: os.path.dirname(output.json),
-    conda:
-        SOFTWARE
     log:
         os.path.join(RESULTS, "logs", "verdicts.log"),
     shell:
@@ -85,8 +81,6 @@ rule plot_group:
         trm=TRM,
         table=lambda wildcards, input: input.csv.removesuffix(".csv"),
         stem=lambda wildcards, output: output.png.removesuffix(".png"),
-    conda:
-        SOFTWARE
     log:
         os.path.join(RESULTS, "logs", "plot", "{group}.log"),
     shell:

@@ -2,12 +2,12 @@
 # type (launch.tpu.accelerator_type, or its launch.per_experiment one) on this machine (trm compile-check; libtpu,
 # no TPU). Experiments whose steps are the same program (same architecture, batch, micro-batches, remat, optimizer;
 # trm/launch/accelerators.py step_config) share one compile, kept as RESULTS/compile/<accelerator>/<step hash>.json
-# (compile_dir and compile_steps in common.smk); the dry run's chip-hours then use the compiled steps' roofline
+# (compile_dir and compile_steps in trm/study/costs.py); the dry run's chip-hours then use the compiled steps' roofline
 # times. A step that does not fit a chip's HBM fails its job, naming what to change.
 #   snakemake --profile tpu-v4-64 compile_check   (or without a profile: the same paper-scale steps)
 rule compile_check:
     input:
-        lambda wildcards: list(compile_steps()),
+        lambda wildcards: list(study.costs.compile_steps),
 
 
 rule compile_step:
@@ -17,15 +17,13 @@ rule compile_step:
         step="[0-9a-f]{12}",
     params:
         trm=TRM,
-        exp=lambda wildcards, output: compile_steps()[output[0]],
+        exp=lambda wildcards, output: study.costs.compile_steps[output[0]],
         folder=lambda wildcards, output: os.path.dirname(output[0]),
     message:
         "compile-check {params.exp} for a {wildcards.accelerator} (minutes at paper scale)"
     resources:
         # A paper-scale compile peaks at 5 to 8 GB of RAM (exp01c, exp02a_06): `--resources mem_mb=N` bounds how many run.
         mem_mb=8000,
-    conda:
-        SOFTWARE
     log:
         os.path.join(config["results"], "compile", "{accelerator}", "logs", "{step}.log"),
     shell:

@@ -15,8 +15,6 @@ rule smoke_pool:
         blanks=SMOKE_POOL["blanks"],
         seed=config["seed"],
         folder=lambda wildcards, output: os.path.dirname(output[0]),
-    conda:
-        SOFTWARE
     log:
         os.path.join(RESULTS, "logs", "smoke_pool.log"),
     shell:
@@ -26,14 +24,12 @@ rule smoke_pool:
 
 rule build_dataset:
     input:
-        dataset_source,
+        lambda wildcards: study.dataset_source(),
     output:
         directory(os.path.join(RESULTS, "datasets", "{dataset}")),
     params:
         trm=TRM,
-        flags=build_flags,
-    conda:
-        SOFTWARE
+        flags=lambda wildcards: study.build_flags(wildcards.dataset),
     log:
         os.path.join(RESULTS, "logs", "build_dataset", "{dataset}.log"),
     shell:
@@ -47,9 +43,7 @@ rule stage_dataset:
         os.path.join(RESULTS, "staged", "{dataset}.txt"),
     params:
         trm=TRM,
-        url=lambda wildcards: dataset_url(wildcards.dataset),
-    conda:
-        SOFTWARE
+        url=lambda wildcards: study.dataset_url(wildcards.dataset),
     log:
         os.path.join(RESULTS, "logs", "stage_dataset", "{dataset}.log"),
     shell:

@@ -1,32 +1,30 @@
-# Training and evaluation, one job per experiment. Each job trains the resolved config the plan wrote
-# (RESULTS/configs/<hash>.json) and, as its last phase on the same hosts, evaluates the whole test split at
-# train.eval_steps and every test_time_steps count on test_time_subset puzzles (trm/train/test_time.py); the run
-# dir (checkpoints, evaluation) lives in storage under that hash. The job's one local output is the run's summary
-# (`trm summarize`, RESULTS/runs/<exp>.json), written only after the run's _SUCCESS marker, so a failed or
-# preempted job leaves nothing that looks complete, and rerunning it resumes where it stopped (training or
-# evaluation).
+# Training and evaluation, one job per experiment. Each job launches its run's job file (RESULTS/jobs/<hash>.json:
+# the resolved config, dataset, run dir and launch settings; trm/launch/job.py), which trains the run and, as its
+# last phase on the same hosts, evaluates the whole test split at train.eval_steps and every test_time_steps count
+# on test_time_subset puzzles (trm/train/test_time.py); the run dir (checkpoints, evaluation) lives in storage
+# under that hash. The job's one local output is the run's summary (`trm summarize`, RESULTS/runs/<exp>.json),
+# written only after the run's _SUCCESS marker, so a failed or preempted job leaves nothing that looks complete,
+# and rerunning it resumes where it stopped (training or evaluation).
 
 
 rule train:
     input:
         staged=lambda wildcards: os.path.join(RESULTS, "staged", f"{PLAN[wildcards.exp].dataset}.txt"),
-        config=lambda wildcards: config_file(wildcards.exp),
-        same_run=same_run_trained_first,
+        job=lambda wildcards: study.job_file(wildcards.exp),
+        same_run=lambda wildcards: study.trained_first(wildcards.exp),
     output:
-        summary=run_summary("{exp}"),
+        summary=study.run_summary("{exp}"),
     params:
         trm=TRM,
-        command=lambda wildcards: train_command(PLAN[wildcards.exp]),
-        run_dir=lambda wildcards: run_url(wildcards.exp),
+        command=lambda wildcards: study.train_command(wildcards.exp),
+        run_dir=lambda wildcards: study.run_url(wildcards.exp),
         steps=TEST_TIME_STEPS,
     message:
         "{resources.estimate}"
     resources:
-        estimate=estimate_message,
+        estimate=lambda wildcards: study.costs.message(wildcards.exp),
         # One training job per TPU slice: a profile sets `resources: tpu=<slices>` (unlimited otherwise).
         tpu=1,
-    conda:
-        SOFTWARE
     log:
         os.path.join(RESULTS, "logs", "train", "{exp}.log"),
     benchmark:

@@ -1,0 +1,125 @@
+"""Job files (trm/launch/job.py) and `trm launch --job`: what a bad job file says, what may follow `--`, a batch the
+job's devices cannot split, the hash the job carries checked against the run dir's config by the trainer; and
+`trm status` taking its stale limit from the profile in use."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trm import storage
+from trm.cli import main as trm
+from trm.config import config_hash, dump_config, load_config
+from trm.errors import UserError
+from trm.launch import tpu_options
+from trm.launch.job import Job, read_job
+from trm.run import layout
+from trm.run import state as runstate
+from trm.run.spec import Run
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["arch.hidden_size=32", "arch.num_heads=2", "train.global_batch_size=8"]
+
+
+def _job(tmp_path: Path, run_dir: Path, **changes) -> Job:
+    config = load_config(REPO / "config/base.yaml", TINY)
+    run = Run(config, changes.pop("digest", config_hash(config)), str(tmp_path / "no-dataset"), str(run_dir))
+    fields = {"test_time_steps": (16, 32), "backend": "local", "hosts": 1, "devices_per_host": 1}
+    tpu = {**tpu_options.defaults(), "code_url": "gs://bucket/code"}
+    return Job(run, **{**fields, **changes, "tpu": tpu})
+
+
+def test_a_job_file_reads_back_as_written_and_a_bad_one_is_one_line_naming_it(tmp_path):
+    job, path = _job(tmp_path, tmp_path / "run"), str(tmp_path / "job.json")
+    job.write(path)
+    assert read_job(path) == job
+    assert job.trainer_arguments() == [
+        "--config",
+        str(tmp_path / "run/config.json"),
+        "--config-hash",
+        job.run.config_hash,
+        "--data",
+        str(tmp_path / "no-dataset"),
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--test-time-steps",
+        "16,32",
+    ]
+    subset = _job(tmp_path, tmp_path / "run", test_time_subset=7)
+    assert subset.trainer_arguments()[-2:] == ["--test-time-subset", "7"]
+    subset.write(path)
+    assert read_job(path) == subset
+    job.write(path)
+    record = json.loads(Path(path).read_text())
+    bad = {
+        "missing": (None, "job file not found"),
+        "text": ("{", "not valid JSON"),
+        "keys": (json.dumps({k: v for k, v in record.items() if k != "tpu"}), "a job file has the keys"),
+        "hosts": (json.dumps({**record, "hosts": "2"}), "hosts '2' is not an integer"),
+        "zero": (json.dumps({**record, "devices_per_host": 0}), "devices_per_host 0: must be >= 1"),
+        "steps": (json.dumps({**record, "test_time_steps": [16, -1]}), "test_time_steps [16, -1]"),
+        "config": (json.dumps({**record, "config": {**record["config"], "arhc": {}}}), "config"),
+    }
+    for name, (text, expected) in bad.items():
+        where = tmp_path / f"{name}.json"
+        if text is not None:
+            where.write_text(text)
+        with pytest.raises(UserError) as info:
+            read_job(str(where))
+        assert str(info.value).startswith(str(where)) and expected in str(info.value), info.value
+
+
+def test_launch_takes_only_trainer_options_after_a_job_and_refuses_a_batch_its_devices_cannot_split(
+    tmp_path, capsys
+):
+    path = str(tmp_path / "job.json")
+    _job(tmp_path, tmp_path / "run").write(path)
+    assert trm(["launch", "--job", path, "--", "--set=train.epochs=2"]) == 2
+    assert f"--set=train.epochs=2: the job file {path} gives the run" in capsys.readouterr().err
+    assert trm(["launch", "--job", path, "--hosts", "2"]) == 2
+    assert (
+        f"--hosts, --devices-per-host: the job file {path} gives the job's shape" in capsys.readouterr().err
+    )
+    assert trm(["launch", "--job", path, "--", "--process-id", "1"]) == 2
+    assert "--process-id: the launcher sets the multi-host options itself" in capsys.readouterr().err
+    _job(tmp_path, tmp_path / "run", hosts=3).write(path)
+    assert trm(["launch", "--job", path]) == 2
+    assert "train.global_batch_size=8 must be divisible by" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # refused before the run dir is written
+    _job(tmp_path, "gs://bucket/runs/x", backend="tpu-vm").write(path)
+    assert trm(["launch", "--job", path]) == 2
+    err = capsys.readouterr().err
+    assert "the job's data" in err and "the tpu-vm backend needs a gs:// URL" in err
+
+
+def test_the_trainer_checks_the_carried_hash_against_the_run_dirs_config(tmp_path, capsys):
+    """The launcher writes the job's config to the run dir; the hosts train that copy with the job's hash, so a
+    job whose hash is not its config's fails at once, naming both, and trains nothing."""
+    run_dir, path = tmp_path / "run", str(tmp_path / "job.json")
+    job = _job(tmp_path, run_dir, digest="0123456789ab")
+    job.write(path)
+    assert trm(["launch", "--job", path]) != 0
+    output = capsys.readouterr().out
+    assert (run_dir / "config.json").read_text() == dump_config(job.run.config)
+    assert f"holds config {config_hash(job.run.config)}, not this run's 0123456789ab" in output, output[
+        -3000:
+    ]
+    assert not (run_dir / layout.CHECKPOINTS).exists()
+
+
+def test_status_takes_the_stale_limit_of_the_profile_in_use(tmp_path, capsys):
+    run_dir = str(tmp_path / "paper/runs/abc")
+    runstate.write_status(run_dir, {"state": "running", "config_hash": "abc", "step": 1})
+    url = storage.join(run_dir, layout.STATUS)
+    status = json.loads(storage.read_text(url))
+    storage.write_text(url, json.dumps({**status, "updated_at": status["updated_at"] - 700}))
+
+    def state(*args: str) -> str:
+        assert trm(["status", "--storage", str(tmp_path), "--json", *args]) == 0
+        return json.loads(capsys.readouterr().out)["state"]
+
+    assert state() == "lost"  # config/config.yaml: 600 s
+    assert state("--profile", "tpu-v4-64") == "running"  # its study file: 900 s
+    assert state("--profile", "tpu-v4-64", "--stale-after", "60") == "lost"

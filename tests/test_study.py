@@ -1,0 +1,341 @@
+"""The workflow's Study as plain Python (trm/study/study.py, costs.py): checked settings with the place each was set,
+the plan, shared runs, one job file per run, commands, estimates and their messages, and the report's selection;
+and the plan's scales and cost model. The Snakemake layer over it is tested in tests/test_workflow*.py."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trm.config import config_hash
+from trm.errors import UserError
+from trm.launch.job import read_job
+from trm.study.estimate import evaluation_flops, evaluation_passes, model_costs, training_flops
+from trm.study.groups import load_groups
+from trm.study.plan import dataset_name, plan_study
+from trm.study.scale import SMOKE
+from trm.study.settings import setting_source
+from trm.study.study import TRM, Study
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULTS = yaml.safe_load((REPO / "config/config.yaml").read_text())
+TPU_PROFILE = yaml.safe_load((REPO / "profiles/tpu-v4-64/study.yaml").read_text())
+
+
+def _merge(into: dict, changes: dict) -> dict:
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+    return into
+
+
+def _set_keys(changes: dict, prefix: str = "") -> set[str]:
+    """Every dotted key `changes` sets, with its parents ("launch", "launch.hosts")."""
+    keys = set()
+    for key, value in changes.items():
+        keys.add(prefix + key)
+        if isinstance(value, dict):
+            keys |= _set_keys(value, f"{prefix}{key}.")
+    return keys
+
+
+def study(
+    tmp_path: Path, changes: dict | None = None, *, profile: dict | None = None, reporting=False
+) -> Study:
+    """The Study of config/config.yaml <- `profile` (a study file) <- `changes` (as from --config), its results and
+    storage in `tmp_path`."""
+    changes = copy.deepcopy(changes or {})
+    settings = _merge(copy.deepcopy(DEFAULTS), {"results": str(tmp_path / "results")})
+    settings["storage"] = str(tmp_path / "storage")
+    _merge(settings, copy.deepcopy(profile or {}))
+    _merge(settings, changes)
+    on_command_line, in_profile = _set_keys(changes), _set_keys(profile or {})
+
+    def source_of(dotted: str) -> str:
+        if dotted in on_command_line:
+            return "--config"
+        return "profiles/tpu-v4-64/study.yaml" if dotted in in_profile else "config/config.yaml"
+
+    return Study(
+        settings,
+        source_of,
+        str(REPO / "workflow/schemas/config.schema.yaml"),
+        str(REPO / "config/experiments"),
+        str(REPO / "config/groups.yaml"),
+        reporting,
+    )
+
+
+def refused(tmp_path: Path, changes: dict, **kwargs) -> str:
+    with pytest.raises(UserError) as info:
+        study(tmp_path, changes, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+# ------------------------------------------------------------------------------------------------ settings
+
+
+def test_bad_settings_are_one_line_naming_where_they_were_set(tmp_path):
+    message = refused(tmp_path, {"scael": "smoke"})
+    assert message.startswith("--config: unknown key 'scael'") and "scale" in message and "storage" in message
+    message = refused(tmp_path, {"scale": "huge"})
+    assert "huge" in message and "smoke" in message and "paper" in message
+    message = refused(tmp_path, {"launch": {"hosts": "two"}})
+    assert "two" in message and "integer" in message
+    typed = study(tmp_path / "typed", {"experiments": ["exp01a"], "launch": {"hosts": "2"}})
+    assert typed.job_devices("exp01a") == 2  # --config gives strings
+    message = refused(tmp_path, {"test_time_steps": {"smoke": [16, 0]}})
+    assert "test_time_steps.smoke[1]" in message and "expected at least 1" in message
+    # Ids reach file paths and shell commands.
+    message = refused(tmp_path, {"experiments": ["exp01a; rm -rf /"]})
+    assert "exp01a; rm -rf /" in message and "^[a-z0-9_]+$" in message
+    assert refused(tmp_path, {"results": "out/{x}"}).startswith("--config: results 'out/{x}': { and }")
+    assert "starts with '-'" in refused(tmp_path, {"source": "-rf"})
+    message = refused(
+        tmp_path, {"launch": {"tpu": {"zone": "Bad Zone"}}}, profile=TPU_PROFILE | {"storage": "gs://b-1/s"}
+    )
+    assert message.startswith("--config: launch.tpu.zone 'Bad Zone'")
+    message = refused(tmp_path, {"storage": "results/storage"}, profile=TPU_PROFILE)
+    assert message.startswith("--config: storage") and "the tpu-vm backend needs a gs:// URL" in message
+
+
+def test_unknown_experiment_or_group_lists_the_allowed_ids(tmp_path):
+    message = refused(tmp_path, {"experiments": ["exp01z"]})
+    assert "exp01z" in message and "did you mean" in message and "exp10e" in message
+    message = refused(tmp_path, {"groups": ["exp11"]})
+    assert "exp11" in message and "contrib02" in message
+    message = refused(tmp_path, {"launch": {"per_experiment": {"ref_papr": {"hosts": 2}}}})
+    assert message == "--config: launch.per_experiment: no experiment ref_papr"
+
+
+def test_a_batch_the_jobs_devices_cannot_split_names_the_settings_that_give_them(tmp_path):
+    five = {
+        "experiments": ["ref_paper"],
+        "launch": {"per_experiment": {"ref_paper": {"devices_per_host": 5}}},
+    }
+    message = refused(tmp_path, five)
+    assert (
+        message.startswith("--config: ") and "train.global_batch_size=" in message and "5 devices" in message
+    )
+
+
+def test_setting_source_names_the_command_line_then_the_last_file_that_sets_it(tmp_path):
+    first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
+    first.write_text("launch: {hosts: 2}\nstorage: gs://a/b\n")
+    second.write_text("launch: {tpu: {zone: z}}\n")
+    files = [str(first), str(second)]
+    assert setting_source("launch.hosts", {"launch": {"hosts": 4}}, files, "d.yaml") == "--config"
+    assert setting_source("launch.hosts", {}, files, "d.yaml").endswith("first.yaml")
+    assert setting_source("launch.tpu.zone", {}, files, "d.yaml").endswith("second.yaml")
+    assert setting_source("launch", {}, files, "d.yaml").endswith("second.yaml")  # the last that sets it
+    assert setting_source("seed", {}, files, "d.yaml") == "d.yaml"
+
+
+# ------------------------------------------------------------------------------------ runs, jobs, commands
+
+
+def test_same_config_experiments_share_one_run_and_one_job_file(tmp_path):
+    experiments = ["exp01a", "exp06_f", "exp01c", "exp05_d"]  # exp01c and exp05_d: two baselines, one run
+    planned = study(tmp_path, {"experiments": experiments})
+    assert planned.first_with_same_run("exp05_d") == "exp01c" == planned.first_with_same_run("exp01c")
+    assert planned.runs() == ["exp01a", "exp01c", "exp06_f"]
+    assert planned.trained_first("exp01c") == []
+    assert planned.run_summary("exp05_d") == str(tmp_path / "results/smoke/runs/exp05_d.json")
+    assert planned.trained_first("exp05_d") == [planned.run_summary("exp01c")]  # summarised after exp01c's
+    assert (
+        planned.costs.message("exp05_d")
+        == "train exp05_d: same config as exp01c, whose run it collects (no training)"
+    )
+    planned.write_jobs()
+    jobs = tmp_path / "results/smoke/jobs"
+    assert sorted(p.name for p in jobs.iterdir()) == sorted({f"{e.hash}.json" for e in planned.plan.values()})
+    for exp in planned.plan.values():
+        job = read_job(planned.job_file(exp.id))
+        assert job.run.config == exp.config and job.run.config_hash == exp.hash == config_hash(exp.config)
+        assert job.run.data == str(tmp_path / f"storage/smoke/datasets/{exp.dataset}")
+        assert job.run.run_dir == str(tmp_path / f"storage/smoke/runs/{exp.hash}")
+        assert (job.test_time_steps, job.test_time_subset) == ((16, 32), None)
+        assert (job.backend, job.hosts, job.devices_per_host) == ("local", 1, 1)
+        assert "preflight" not in job.tpu and job.tpu["code_url"] == str(tmp_path / "storage/code")
+    # Written once: an unchanged job file keeps its time, so Snakemake reruns nothing for it.
+    stamps = {p: p.stat().st_mtime_ns for p in jobs.iterdir()}
+    study(tmp_path, {"experiments": experiments}).write_jobs()
+    assert {p: p.stat().st_mtime_ns for p in jobs.iterdir()} == stamps
+
+
+def test_the_train_command_launches_the_job_file_with_the_jax_cache(tmp_path):
+    planned = study(tmp_path, {"experiments": ["exp01a"]})
+    job = planned.job_file("exp01a")
+    assert planned.train_command("exp01a") == [
+        "env",
+        f"JAX_COMPILATION_CACHE_DIR={tmp_path / 'results/.cache/jax'}",
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0",
+        TRM,
+        "launch",
+        "--job",
+        job,
+    ]
+    assert job == str(tmp_path / f"results/smoke/jobs/{planned.plan['exp01a'].hash}.json")
+    assert planned.dataset_source() == [
+        str(tmp_path / f"results/smoke/pool/{s}.csv") for s in ("train", "test")
+    ]
+    flags = planned.build_flags("p20-a50")
+    assert flags == [
+        "--source",
+        str(tmp_path / "results/smoke/pool"),
+        "--subsample-size",
+        20,
+        "--num-aug",
+        50,
+        "--seed",
+        0,
+    ]
+
+
+def test_an_experiment_runs_on_its_own_accelerator_and_pool(tmp_path):
+    """profiles/tpu-v4-64 runs the paper-recipe reference (batch 768) on a v4-8: its own shape, pool and hours."""
+    bucket = {"storage": "gs://trm-bucket/study", "experiments": ["exp01c", "ref_paper"]}
+    planned = study(tmp_path, bucket, profile=TPU_PROFILE)
+    own, shared = read_job_of(planned, "ref_paper"), read_job_of(planned, "exp01c")
+    assert (own.backend, own.hosts, own.devices_per_host) == ("tpu-vm", 1, 4)
+    assert own.tpu["slices"] == ["trm-v4-8"] and own.tpu["accelerator_type"] == "v4-8"
+    assert (shared.hosts, shared.devices_per_host, shared.tpu["slices"]) == (8, 4, ["trm-v4-64"])
+    assert own.tpu["stale_after_seconds"] == shared.tpu["stale_after_seconds"] == 900  # the profile's
+    assert own.test_time_subset == shared.test_time_subset == 43008  # test_time_subset.paper
+    assert own.tpu["code_url"] == "gs://trm-bucket/study/code" and own.run.run_dir.startswith(
+        "gs://trm-bucket/study/paper/runs/"
+    )
+    hours = planned.costs.hours
+    assert hours["ref_paper"]["training"] == pytest.approx(
+        hours["exp01c"]["training"], rel=0.01
+    )  # same FLOPs
+    assert "on the job's 4 devices" in planned.costs.message("ref_paper")
+    assert "on the job's 32 devices" in planned.costs.message("exp01c")
+    assert "each on its own devices" in planned.costs.summary()
+    preflight = planned.preflight_command()
+    assert preflight[:4] == [TRM, "preflight", "--storage", "gs://trm-bucket/study"]
+    assert "--tpu-create" in preflight and preflight[preflight.index("--tpu-slices") + 1] == "trm-v4-64"
+
+
+def read_job_of(planned: Study, exp_id: str):
+    planned.write_jobs()
+    return read_job(planned.job_file(exp_id))
+
+
+# ------------------------------------------------------------------------------------------ estimates
+
+
+def test_plan_summary_and_each_jobs_estimate(tmp_path):
+    planned = study(tmp_path, {"groups": ["exp06"]})
+    costs = planned.costs
+    assert sorted(costs.hours) == [*(f"exp06_{x}" for x in "abcdef"), "ref_paper"]
+    # Same epochs and data: the same examples and FLOPs whatever the batch (each job gets its own figure).
+    training = [costs.hours[f"exp06_{x}"]["training"] for x in "abcdef"]
+    assert max(training) == pytest.approx(min(training), rel=0.3)
+    # Evaluation computes whole batches, but no more rows than the puzzles need: the 16 smoke test puzzles are
+    # 18 rows in batches of 6 (exp06_a) and one batch of 16, not 192 (exp06_f).
+    assert "training, 18 rows x 32 steps at the end" in costs.message("exp06_a")
+    assert "training, 16 rows x 32 steps at the end" in costs.message("exp06_f")
+    first, training_line, evaluation_line = costs.message("exp06_a").splitlines()
+    assert (
+        first
+        == "train exp06_a: estimated on the job's 1 devices, from its FLOPs and batch at an assumed 10% of peak"
+    )
+    assert training_line.startswith(
+        f"    training:   {costs.hours['exp06_a']['training']:.4g} CPU core-hours ("
+    )
+    assert evaluation_line.endswith("(every test_time_steps count 16,32 in one pass)")
+    summary = costs.summary().splitlines()
+    assert summary[0] == (
+        "TRM study, scale smoke: 6 experiments in 1 groups and 1 reference, 1 datasets, 7 distinct runs; "
+        "estimated at an assumed 10% of peak (a rough bound, not a forecast):"
+    )
+    for line, part in zip(summary[1:], ("training", "evaluation"), strict=True):
+        total = sum(hours[part] for hours in costs.hours.values())
+        assert (
+            line == f"  {part + ':':<12}{total:.4g} CPU core-hours ({total:.4g} h of jobs on 1 devices each)"
+        )
+    cache = json.loads((tmp_path / "results/.cache/model-costs.json").read_text())
+    assert sorted(cache) == sorted({exp.hash for exp in planned.plan.values()})  # model costs kept by hash
+
+
+def test_estimate_matches_the_spec_flops_of_a_paper_baseline_run():
+    baseline = next(e.config for e in plan_study("paper", ["exp01c"]))
+    costs = model_costs(baseline)
+    assert training_flops(baseline, costs) == pytest.approx(2.136e18, rel=0.01)  # the paper's MLP-T training
+    # The evaluations as the trainer runs them: 9 intermediate ones on eval_subset = 8192 puzzles (2 batches of
+    # 6144 rows) to eval_steps = 16, and one pass over the whole test split (69 batches) to 128 steps.
+    passes = evaluation_passes(baseline, 423_168, (16, 32, 64, 128))
+    assert passes == {"intermediate": (9, 12_288, 16), "final": (1, 69 * 6144, 128), "test_time": (0, 0, 0)}
+    forward = costs["eval_flops_per_example_step"]
+    assert (
+        evaluation_flops(baseline, costs, 423_168, (16, 32, 64, 128))
+        == (9 * 12_288 * 16 + 69 * 6144 * 128) * forward
+    )
+    # The test-time pass is ~5.5e16 x 128 forward steps: about 1.4e18 FLOP (issue #17's figure).
+    assert 69 * 6144 * 128 * forward == pytest.approx(1.4e18, rel=0.1)
+
+
+# ------------------------------------------------------------------------------------------ the report
+
+
+def test_a_report_without_a_selection_reports_the_runs_of_the_last_table(tmp_path, capsys):
+    table = tmp_path / "results/smoke/table.csv"
+    table.parent.mkdir(parents=True)
+    table.write_text("id,group\nexp01a,exp01\nref_paper,reference\n")
+    reported = study(tmp_path, reporting=True)
+    assert list(reported.plan) == ["exp01a", "ref_paper"] and reported.config["groups"] == "all"
+    assert "report: the runs of " in capsys.readouterr().err
+    assert len(study(tmp_path).plan) == 68  # not a report
+    assert (
+        list(study(tmp_path, {"groups": ["exp06"]}, reporting=True).plan)[0] == "exp06_a"
+    )  # its own selection
+
+
+# ------------------------------------------------------------------------------------------ scales
+
+
+def test_smoke_scale_keeps_what_each_group_varies():
+    paper = {e.id: e.config for e in plan_study("paper")}
+    smoke = {e.id: e.config for e in plan_study("smoke")}
+
+    def values(configs, group):
+        return [tuple(_get(configs[m], key) for key in group["varies"]) for m in group["members"]]
+
+    for group in load_groups():
+        paper_values, smoke_values = values(paper, group), values(smoke, group)
+        assert len(set(smoke_values)) == len(set(paper_values)) == len(group["members"]), group["id"]
+        # The order of the varied values is kept too (ranks of each key across members).
+        for k in range(len(group["varies"])):
+            paper_k, smoke_k = [v[k] for v in paper_values], [v[k] for v in smoke_values]
+            if all(isinstance(v, int | float) and not isinstance(v, bool) for v in paper_k):
+                assert sorted(range(len(paper_k)), key=paper_k.__getitem__) == sorted(
+                    range(len(smoke_k)), key=smoke_k.__getitem__
+                ), (group["id"], group["varies"][k])
+    widths = [smoke[f"exp01{x}"]["arch"]["hidden_size"] for x in "abcdef"]
+    divisor = SMOKE["arch.hidden_size"][1]
+    assert [w * divisor for w in widths] == [paper[f"exp01{x}"]["arch"]["hidden_size"] for x in "abcdef"]
+
+
+def test_smoke_datasets_map_one_to_one_and_scale_changes_the_hash():
+    paper, smoke = plan_study("paper"), plan_study("smoke")
+    pairs = {(p.dataset, s.dataset) for p, s in zip(paper, smoke, strict=True)}
+    assert len({p for p, _ in pairs}) == len({s for _, s in pairs}) == len(pairs) == 10
+    assert dataset_name(paper[0].config) == "p1000-a1000"
+    assert all(p.hash != s.hash for p, s in zip(paper, smoke, strict=True))
+    baselines = {e.hash for e in smoke if e.id in {g["baseline"] for g in load_groups()}}
+    assert len(baselines) == 1  # every group's baseline is the same smoke run config
+
+
+def _get(config: dict, dotted: str):
+    for key in dotted.split("."):
+        config = config[key]
+    return config

@@ -1,0 +1,134 @@
+"""A job file: one run and how to launch it, everything `trm launch --job FILE` needs.
+
+The workflow writes one per distinct run, RESULTS/jobs/<config hash>.json (trm/study/study.py), from which its
+train rule runs `trm launch --job FILE`. A job file is canonical JSON with these keys:
+
+  config            the run's resolved config (what `trm config EXPERIMENT` prints, at the study's scale)
+  config_hash       its hash (trm.config.config_hash), computed once by whoever wrote the file, then carried
+  data              URL of the staged dataset
+  run_dir           URL of the run directory
+  test_time_steps   the supervision step counts of the final evaluation (trm/train/test_time.py), may be []
+  test_time_subset  the test puzzles those counts are scored on (`trm train --test-time-subset`), null: all
+  backend           local or tpu-vm (trm/launch/cli.py)
+  hosts, devices_per_host   the job's shape
+  tpu               the tpu-vm backend's settings: the workflow's launch.tpu keys (trm/launch/tpu_options.py),
+                    with the experiment's launch.per_experiment entry merged in and code_url filled in
+
+The launcher writes the config into the run dir (config.json) and starts every host's trainer on that copy, with
+the hash the job carries (`Job.trainer_arguments`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from trm import storage
+from trm.config import validate_config
+from trm.errors import UserError
+from trm.run import layout
+from trm.run.spec import Run
+
+KEYS = (
+    "config",
+    "config_hash",
+    "data",
+    "run_dir",
+    "test_time_steps",
+    "test_time_subset",
+    "backend",
+    "hosts",
+    "devices_per_host",
+    "tpu",
+)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One training job: its run (config, hash, data, run dir), test-time steps and launch settings."""
+
+    run: Run
+    test_time_steps: tuple[int, ...]
+    backend: str
+    hosts: int
+    devices_per_host: int
+    tpu: dict  # launch.tpu's launcher settings, merged (see the module docstring)
+    test_time_subset: int | None = None
+
+    @property
+    def devices(self) -> int:
+        return self.hosts * self.devices_per_host
+
+    def to_json(self) -> str:
+        record = {
+            "config": self.run.config,
+            "config_hash": self.run.config_hash,
+            "data": self.run.data,
+            "run_dir": self.run.run_dir,
+            "test_time_steps": list(self.test_time_steps),
+            "test_time_subset": self.test_time_subset,
+            "backend": self.backend,
+            "hosts": self.hosts,
+            "devices_per_host": self.devices_per_host,
+            "tpu": self.tpu,
+        }
+        return json.dumps(record, sort_keys=True, indent=2, allow_nan=False) + "\n"
+
+    def write(self, path: str) -> None:
+        """Write the job file at `path` when it does not hold this job already: an unchanged file keeps its time,
+        so Snakemake reruns no job for it."""
+        text = self.to_json()
+        if not storage.exists(path) or storage.read_text(path) != text:
+            storage.write_text(path, text)  # atomic: a reader never sees half a file
+
+    def trainer_arguments(self) -> list[str]:
+        """`trm train` arguments of every host: the run dir's copy of the config, with the hash the job carries."""
+        args = [
+            "--config",
+            layout.path(self.run.run_dir, layout.CONFIG),
+            "--config-hash",
+            self.run.config_hash,
+            "--data",
+            self.run.data,
+            "--run-dir",
+            self.run.run_dir,
+        ]
+        if self.test_time_steps:
+            args += ["--test-time-steps", ",".join(map(str, self.test_time_steps))]
+        if self.test_time_subset is not None:
+            args += ["--test-time-subset", str(self.test_time_subset)]
+        return args
+
+
+def read_job(path: str) -> Job:
+    """The job of the file at `path`; a UserError naming the file and the field when it is not a job file."""
+    if not storage.exists(path):
+        raise UserError(f"{path}: job file not found (the workflow writes RESULTS/SCALE/jobs/<hash>.json)")
+    try:
+        record = json.loads(storage.read_text(path))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UserError(f"{path}: not valid JSON: {err}") from None
+    if not isinstance(record, dict) or sorted(record) != sorted(KEYS):
+        found = sorted(record) if isinstance(record, dict) else type(record).__name__
+        raise UserError(f"{path}: a job file has the keys {', '.join(KEYS)}; found {found}")
+    kinds = {"config_hash": str, "data": str, "run_dir": str, "backend": str, "tpu": dict, "hosts": int}
+    kinds["devices_per_host"] = int
+    words = {str: "a string", int: "an integer", dict: "a mapping"}
+    for key, kind in kinds.items():
+        if not isinstance(record[key], kind) or isinstance(record[key], bool):
+            raise UserError(f"{path}: {key} {record[key]!r} is not {words[kind]}")
+    for key in ("hosts", "devices_per_host"):
+        if record[key] < 1:
+            raise UserError(f"{path}: {key} {record[key]}: must be >= 1")
+    steps = record["test_time_steps"]
+    if not isinstance(steps, list) or not all(
+        isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in steps
+    ):
+        raise UserError(f"{path}: test_time_steps {steps!r}: expected a list of positive integers")
+    subset = record["test_time_subset"]
+    if subset is not None and (not isinstance(subset, int) or isinstance(subset, bool) or subset < 1):
+        raise UserError(f"{path}: test_time_subset {subset!r}: expected a positive integer or null")
+    config = validate_config(record["config"], source=f"{path}: config")
+    run = Run(config, record["config_hash"], record["data"], record["run_dir"])
+    shape = record["backend"], record["hosts"], record["devices_per_host"], record["tpu"]
+    return Job(run, tuple(steps), *shape, subset)

@@ -1,0 +1,150 @@
+"""A study's planned cost: each run's estimated accelerator-hours, the dry run's summary and each job's message.
+
+From the roofline times of a run's compiled steps where `trm compile-check` compiled them for the slice (the
+workflow's compile_check target, workflow/rules/compile.smk), else from its FLOPs and batch at the assumed
+utilization (trm/study/estimate.py; model costs cached by config hash in RESULTS/.cache/model-costs.json).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import TYPE_CHECKING
+
+from trm.config import experiment_path, load_config
+from trm.launch.accelerators import step_hash
+from trm.study.estimate import (
+    CostCache,
+    accelerator_hours,
+    compiled_run_hours,
+    compiled_step_seconds,
+    describe_evaluation,
+    evaluation_flops,
+    evaluation_passes,
+    training_flops,
+)
+from trm.study.scale import TEST_PUZZLES
+
+if TYPE_CHECKING:
+    from trm.study.study import Study
+
+
+class Costs:
+    """The estimates of a study's runs (`hours[exp_id]`: training and evaluation accelerator-hours)."""
+
+    def __init__(self, study: Study) -> None:
+        self.study = study
+        config = study.config
+        self.accelerator = config["accelerator"]
+        self.device_hours = f"{self.accelerator['name']}-hours"
+        self.test_puzzles = TEST_PUZZLES[study.scale]
+        self.hours: dict[str, dict[str, float]] = {}
+        self.compiled: set[str] = set()  # experiments estimated from their compiled steps
+        cache = CostCache(os.path.join(config["results"], ".cache", "model-costs.json"))
+        for exp in study.plan.values():
+            devices = study.job_devices(exp.id)
+            if seconds := self._compiled_seconds(exp):
+                self.hours[exp.id] = compiled_run_hours(
+                    exp.config,
+                    seconds,
+                    devices,
+                    self.test_puzzles,
+                    study.test_time_steps,
+                    study.test_time_subset,
+                )
+                self.compiled.add(exp.id)
+                continue
+            costs = cache.costs(exp.hash, exp.config)
+            flops = {
+                "training": training_flops(exp.config, costs),
+                "evaluation": evaluation_flops(
+                    exp.config,
+                    costs,
+                    self.test_puzzles,
+                    study.test_time_steps,
+                    devices,
+                    study.test_time_subset,
+                ),
+            }
+            peak, utilization = self.accelerator["peak_flops"], self.accelerator["utilization"]
+            self.hours[exp.id] = {k: accelerator_hours(v, peak, utilization) for k, v in flops.items()}
+        cache.save()
+
+    def compile_dir(self, exp_id: str) -> str:
+        """`trm compile-check`'s figures of the experiment's accelerator (the compile_check target)."""
+        accelerator = self.study.job_launch(exp_id)["tpu"]["accelerator_type"]
+        return os.path.join(self.study.config["results"], "compile", accelerator)
+
+    @functools.cached_property
+    def compile_steps(self) -> dict[str, str]:
+        """Compile result file -> the first selected experiment with that accelerator and paper-scale step (read
+        only when compiling)."""
+        steps = {}
+        for exp_id in self.study.plan:
+            step = step_hash(load_config(experiment_path(exp_id, self.study.experiments_dir)))
+            steps.setdefault(os.path.join(self.compile_dir(exp_id), f"{step}.json"), exp_id)
+        return steps
+
+    def _compiled_seconds(self, exp) -> dict | None:
+        """The roofline step times of a run on the TPU slice, when its steps have been compiled for it; else None."""
+        if self.study.backend != "tpu-vm" or self.study.scale != "paper":
+            return None
+        return compiled_step_seconds(exp.config, self.compile_dir(exp.id))
+
+    def _assumed(self) -> str:
+        return f"an assumed {self.accelerator['utilization']:.0%} of peak"
+
+    def summary(self) -> str:
+        """The study's line of the dry run, then its training and evaluation hours."""
+        study = self.study
+        runs = study.runs()
+        compiled = sum(first in self.compiled for first in runs)
+        # The assumed utilization is a guess, not a calibration (at 10%, smoke runs took 1.5 to 8 times less than
+        # estimated), so the line says what the figure is.
+        assumed = f"{self._assumed()} (a rough bound, not a forecast)"
+        roofline = "at their compiled steps' roofline times (a best case; snakemake compile_check)"
+        if not compiled:
+            source = f"at {assumed}"
+        elif compiled == len(runs):
+            source = f"every run {roofline}"
+        else:
+            source = f"{compiled} runs {roofline}, {len(runs) - compiled} at {assumed}"
+        references = f" and {len(study.references)} reference" if study.references else ""
+        lines = [
+            f"TRM study, scale {study.scale}: {len(study.plan) - len(study.references)} experiments in "
+            f"{len(study.selected_groups)} groups{references}, {len(study.datasets)} datasets, {len(runs)} distinct "
+            f"runs; estimated {source}:"
+        ]
+        if len({study.job_devices(e) for e in study.plan}) == 1:
+            shapes = f"on {study.job_devices(None)} devices each"
+        else:
+            shapes = "each on its own devices"
+        for part in ("training", "evaluation"):
+            hours = sum(self.hours[first][part] for first in runs)
+            wall = sum(self.hours[first][part] / study.job_devices(first) for first in runs)
+            lines.append(f"  {f'{part}:':<12}{hours:.4g} {self.device_hours} ({wall:.4g} h of jobs {shapes})")
+        return "\n".join(lines)
+
+    def message(self, exp_id: str) -> str:
+        """The job's estimate, training and evaluation on separate labelled lines (evaluation as the trainer runs
+        it: trm/study/estimate.py)."""
+        study = self.study
+        first = study.first_with_same_run(exp_id)
+        if first != exp_id:
+            return f"train {exp_id}: same config as {first}, whose run it collects (no training)"
+        hours, devices = self.hours[exp_id], study.job_devices(exp_id)
+        steps = study.test_time_steps
+        config = study.plan[exp_id].config
+        passes = evaluation_passes(config, self.test_puzzles, steps, devices, study.test_time_subset)
+        source = (
+            "at its compiled steps' roofline times, a best case"
+            if exp_id in self.compiled
+            else f"from its FLOPs and batch at {self._assumed()}"
+        )
+        unit = self.device_hours
+        return (
+            f"train {exp_id}: estimated on the job's {devices} devices, {source}\n"
+            f"    training:   {hours['training']:.4g} {unit} ({hours['training'] / devices:.3g} h on them)\n"
+            f"    evaluation: {hours['evaluation']:.4g} {unit} ({hours['evaluation'] / devices:.3g} h on them): "
+            f"{describe_evaluation(passes, steps)}"
+        )

@@ -1,0 +1,281 @@
+"""The study the workflow runs, as plain Python: its checked settings, plan, jobs, estimates, commands and messages.
+
+workflow/rules/common.smk builds one `Study` from Snakemake's `config` at parse time and the rules look things up
+in it; every job is known then (no checkpoints), so a dry run shows the whole study. Building it:
+
+ 1. checks the settings (config/config.yaml, a profile's study file, `--config`; trm/study/settings.py), the
+    storage URLs and folders that reach commands and TPU hosts, and the tpu-vm launcher's settings; each bad
+    setting is one line naming where it was set (`source_of`);
+ 2. plans the selected experiments at the scale (trm/study/plan.py) and checks that each job's devices
+    (launch.*, or the experiment's launch.per_experiment entry) split its batches;
+ 3. estimates each run's accelerator-hours (trm/study/costs.py), which the dry run prints.
+
+Experiments with the same resolved config (every group's baseline) share one run: the first with that config
+hash trains it, the others only collect it. Each distinct run has one job file, RESULTS/jobs/<hash>.json
+(trm/launch/job.py), written by `write_jobs`; the train rule runs `trm launch --job FILE`.
+
+Shell commands: settings are shared files (profiles, study files), so none may become shell code. Commands are
+argument lists, never pre-joined text, and every placeholder of a rule's shell command is quoted with `:q`
+(tests/test_workflow_quoting.py checks both).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import sys
+from collections.abc import Callable
+
+from trm.config import experiment_ids
+from trm.errors import UserError
+from trm.launch import tpu_options
+from trm.launch.job import Job
+from trm.run.spec import Run
+from trm.storage import GCS_SCHEMES, check_url
+from trm.storage import join as url_join
+from trm.study.costs import Costs
+from trm.study.groups import REFERENCE_GROUP
+from trm.study.plan import Experiment, check_batches, parse_dataset_name, plan_study, run_dir_of
+from trm.study.settings import SourceOf, check_settings, load_schema
+
+# Commands run with the `trm` of the environment running Snakemake, so an unactivated venv works
+# (`.venv/bin/snakemake`). Named by its folder, not by the interpreter's name: `python` and `python3` of one
+# venv must give the same command, or Snakemake sees changed params and reruns everything.
+TRM = os.path.join(os.path.dirname(sys.executable), "trm")
+DEFAULT_SETTINGS = "config/config.yaml"
+
+
+def _check_argument(value: str, key: str) -> None:
+    """A setting that becomes a command-line argument: one line, and not read as an option."""
+    if any(ord(char) < 32 for char in value):
+        raise UserError(f"{key} {value!r} contains a control character (a newline?)")
+    if value.startswith("-"):
+        raise UserError(f"{key} {value!r} starts with '-', which commands read as an option: write ./{value}")
+
+
+def _check_results(value: str, key: str) -> None:
+    _check_argument(value, key)
+    if "{" in value or "}" in value:
+        raise UserError(f"{key} {value!r}: {{ and }} are Snakemake wildcards in output paths")
+
+
+def _check_gcs(url: str, key: str) -> None:
+    """The tpu-vm backend's storage: the hosts share no files, so only gs:// (an empty code_url: STORAGE/code)."""
+    if url and check_url(url, key).partition("://")[0] not in GCS_SCHEMES:
+        raise UserError(f"{key} {url!r}: the tpu-vm backend needs a gs:// URL (TPU hosts share no files)")
+
+
+def _get(settings: dict, dotted: str):
+    for part in dotted.split("."):
+        settings = settings[part]
+    return settings
+
+
+class Study:
+    """The workflow's settings `config` (Snakemake's, checked and converted in place), planned and estimated.
+
+    `source_of(dotted)` names where a setting was set, for error messages; `reporting` is true for
+    `snakemake --report` (see `_report_selection`). Every error is a UserError of one line per problem.
+    """
+
+    def __init__(
+        self,
+        config: dict,
+        source_of: SourceOf,
+        schema_path: str,
+        experiments_dir: str = "config/experiments",
+        groups_path: str = "config/groups.yaml",
+        reporting: bool = False,
+    ) -> None:
+        # One readable line for a bad setting (unknown key, wrong type), naming where it was set; nested
+        # `--config` values (`--config 'launch={hosts: 2}'`, read as strings) are converted to the schema's types.
+        check_settings(config, load_schema(schema_path), source_of)
+        self.config, self.source_of, self.experiments_dir = config, source_of, experiments_dir
+        self.scale, self.backend = config["scale"], config["launch"]["backend"]
+        self._check_locations()
+        tpu = config["launch"]["tpu"]
+        self.tpu = {**tpu, "code_url": tpu["code_url"] or url_join(config["storage"], "code")}
+        if self.backend == "tpu-vm":  # the launcher's own checks (names gcloud accepts, timeouts)
+            self._with_source("launch.tpu", tpu_options.check, self.tpu)
+        if reported := self._report_selection(reporting):
+            config["experiments"], config["groups"] = reported, "all"
+        experiments = plan_study(
+            self.scale,
+            config["experiments"],
+            config["groups"],
+            experiments_dir,
+            groups_path,
+            "workflow config",
+        )
+        self.plan: dict[str, Experiment] = {exp.id: exp for exp in experiments}
+        self._check_launch(experiments_dir)
+        self.results = os.path.join(config["results"], self.scale)
+        self.storage = url_join(config["storage"], self.scale)
+        self.test_time_steps: list[int] = config["test_time_steps"][self.scale]
+        self.test_time_subset: int | None = config["test_time_subset"][
+            self.scale
+        ]  # None: the whole test split
+        self.selected_groups = list(
+            dict.fromkeys(e.group for e in self.plan.values() if e.group != REFERENCE_GROUP)
+        )
+        self.references = [exp.id for exp in self.plan.values() if exp.group == REFERENCE_GROUP]
+        self.datasets = sorted({exp.dataset for exp in self.plan.values()})
+        self.first_with_hash: dict[str, str] = {}
+        for exp in self.plan.values():
+            self.first_with_hash.setdefault(exp.hash, exp.id)
+        self.costs = Costs(self)
+
+    # ------------------------------------------------------------------------------------------- checks
+
+    def _with_source(self, key: str, check: Callable, *args) -> None:
+        """Run `check(*args)`; its UserError becomes one line starting with where setting `key` was set."""
+        try:
+            check(*args)
+        except UserError as err:
+            raise UserError(f"{self.source_of(key)}: {err}") from None
+
+    def _check_locations(self) -> None:
+        """Storage URLs and folders reach commands and TPU hosts: check them where a dry run sees them."""
+        checks = [("storage", check_url), ("results", _check_results), ("source", _check_argument)]
+        checks.append(("launch.tpu.lock_dir", _check_argument))
+        if self.backend == "tpu-vm":
+            checks += [("storage", _check_gcs), ("launch.tpu.code_url", _check_gcs)]
+        for key, check in checks:
+            self._with_source(key, check, _get(self.config, key), key)
+
+    def _check_launch(self, experiments_dir: str) -> None:
+        """Every launch.per_experiment entry names an experiment and has valid TPU settings, and every job's
+        devices split its experiment's batches."""
+        own = self.config["launch"]["per_experiment"]
+        if unknown := sorted(set(own) - set(experiment_ids(experiments_dir))):
+            where = self.source_of("launch.per_experiment")
+            raise UserError(f"{where}: launch.per_experiment: no experiment {', '.join(unknown)}")
+        for exp_id in own if self.backend == "tpu-vm" else []:
+            self._with_source("launch", tpu_options.check, self.job_launch(exp_id)["tpu"])
+        for devices in sorted({self.job_devices(exp_id) for exp_id in self.plan}):
+            where = (
+                f"{devices} devices (launch.hosts x launch.devices_per_host, or the experiment's "
+                f"launch.per_experiment) from {self.source_of('launch.hosts')}, scale {self.scale}"
+            )
+            same = [exp for exp in self.plan.values() if self.job_devices(exp.id) == devices]
+            self._with_source("launch", check_batches, same, devices, where)
+
+    def _report_selection(self, reporting: bool) -> list[str] | None:
+        """`snakemake --report` reports the DAG of the selection it is given. After a run of a selection
+        (`--config experiments=[exp01a]`), a plain `snakemake --report FILE` would ask for every experiment's
+        outputs (hundreds of "Missing metadata" warnings, then a missing plot). So a report given no selection of
+        its own covers the runs of the last table, the selection that was run; None when it has one, or no
+        table exists."""
+        chosen = {self.source_of(key) for key in ("experiments", "groups")} != {DEFAULT_SETTINGS}
+        table = os.path.join(self.config["results"], self.scale, "table.csv")
+        if not reporting or chosen or not os.path.isfile(table):
+            return None
+        with open(table, newline="") as stream:
+            ids = [row["id"] for row in csv.DictReader(stream) if row.get("id")]
+        print(
+            f"report: the runs of {table} ({', '.join(ids)}); --config experiments=[...] reports others",
+            file=sys.stderr,
+        )
+        return ids or None
+
+    # ------------------------------------------------------------------------------------------- jobs
+
+    def job_launch(self, exp_id: str | None) -> dict:
+        """An experiment's job shape and TPU pool: launch.*, with its launch.per_experiment entry over it."""
+        launch = self.config["launch"]
+        own = launch["per_experiment"].get(exp_id, {})
+        return {
+            "hosts": own.get("hosts", launch["hosts"]),
+            "devices_per_host": own.get("devices_per_host", launch["devices_per_host"]),
+            "tpu": {**self.tpu, **own.get("tpu", {})},
+        }
+
+    def job_devices(self, exp_id: str | None) -> int:
+        launch = self.job_launch(exp_id)
+        return launch["hosts"] * launch["devices_per_host"]
+
+    def first_with_same_run(self, exp_id: str) -> str:
+        """The experiment whose job trains and evaluates the run `exp_id` shares (itself when it is the first)."""
+        return self.first_with_hash[self.plan[exp_id].hash]
+
+    def runs(self) -> list[str]:
+        """The first experiment of each distinct run: the ones whose jobs train."""
+        return list(self.first_with_hash.values())
+
+    def dataset_url(self, dataset: str) -> str:
+        return url_join(self.storage, "datasets", dataset)
+
+    def run_url(self, exp_id: str) -> str:
+        return run_dir_of(self.config["storage"], self.scale, self.plan[exp_id].run_name)
+
+    def job_file(self, exp_id: str) -> str:
+        """The job file of an experiment's run (shared by the experiments of that run)."""
+        return os.path.join(self.results, "jobs", f"{self.plan[exp_id].hash}.json")
+
+    def job(self, exp_id: str) -> Job:
+        """The job that trains an experiment's run, as its run's first experiment launches it."""
+        first = self.first_with_same_run(exp_id)
+        exp, launch = self.plan[first], self.job_launch(first)
+        run = Run(exp.config, exp.hash, self.dataset_url(exp.dataset), self.run_url(first))
+        tpu = tpu_options.launcher_settings(launch["tpu"])
+        hosts, devices = launch["hosts"], launch["devices_per_host"]
+        steps, subset = tuple(self.test_time_steps), self.test_time_subset
+        return Job(run, steps, self.backend, hosts, devices, tpu, subset)
+
+    def write_jobs(self) -> None:
+        """Each distinct run's job file, rewritten only when its content changes (so no job reruns for nothing)."""
+        for first in self.runs():
+            self.job(first).write(self.job_file(first))
+
+    # ------------------------------------------------------------------------------------------- commands
+
+    def jax_cache_env(self) -> list[str]:
+        """A persistent XLA cache: the study's many same-shaped configs (every group's baseline) compile once."""
+        return [
+            "env",
+            f"JAX_COMPILATION_CACHE_DIR={os.path.join(self.config['results'], '.cache', 'jax')}",
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0",
+        ]
+
+    def train_command(self, exp_id: str) -> list[str]:
+        """The argv of the one command that trains an experiment's run: its job file, launched."""
+        return [*self.jax_cache_env(), TRM, "launch", "--job", self.job_file(exp_id)]
+
+    def preflight_command(self) -> list[str]:
+        """`trm preflight` with the study's storage and the pool's place, as an argument list."""
+        pool = {key: self.tpu[key] for key in ("zone", "project", "slices", "create", "accelerator_type")}
+        return [TRM, "preflight", "--storage", self.config["storage"], *tpu_options.flags(pool)]
+
+    def run_summary(self, exp_id: str) -> str:
+        """The local summary of an experiment's run (`trm summarize`): the train job's one output, what the table
+        reads of the run."""
+        return os.path.join(self.results, "runs", f"{exp_id}.json")
+
+    def trained_first(self, exp_id: str) -> list[str]:
+        """Nothing, or the summary of the first experiment sharing this one's run: its job trains the run, after
+        which this one's job only summarises it."""
+        first = self.first_with_same_run(exp_id)
+        return [] if first == exp_id else [self.run_summary(first)]
+
+    def dataset_source(self) -> list[str]:
+        """The smoke pool's files (the smoke datasets' input); nothing at the paper scale (a URL or a local path)."""
+        pool = os.path.join(self.results, "pool")
+        return (
+            [os.path.join(pool, f"{split}.csv") for split in ("train", "test")]
+            if self.scale == "smoke"
+            else []
+        )
+
+    def build_flags(self, dataset: str) -> list:
+        puzzles, num_aug = parse_dataset_name(dataset)
+        source = os.path.join(self.results, "pool") if self.scale == "smoke" else self.config["source"]
+        return [
+            "--source",
+            source,
+            "--subsample-size",
+            puzzles,
+            "--num-aug",
+            num_aug,
+            "--seed",
+            self.config["seed"],
+        ]
