@@ -136,7 +136,7 @@ def tpu_test_profile(
     profile = root / "profiles" / "tpu-test"
     shutil.copytree(REPO / "profiles" / "tpu-v4-64", profile)
     settings = yaml.safe_load((profile / "config.yaml").read_text())
-    settings["resources"]["tpu"] = len(slices)  # one training job per slice of the pool
+    settings["resources"]["training_jobs"] = len(slices)  # one training job per slice of the pool
     (profile / "config.yaml").write_text(yaml.safe_dump(settings))
     values = yaml.safe_load((profile / "study.yaml").read_text())
     values.update(scale="smoke", storage=storage_url, **study)

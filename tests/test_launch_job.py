@@ -59,6 +59,7 @@ def test_a_job_file_reads_back_as_written_and_a_bad_one_is_one_line_naming_it(tm
         "keys": (json.dumps({k: v for k, v in record.items() if k != "tpu"}), "a job file has the keys"),
         "hosts": (json.dumps({**record, "hosts": "2"}), "hosts '2' is not an integer"),
         "zero": (json.dumps({**record, "devices_per_host": 0}), "devices_per_host 0: must be >= 1"),
+        "platform": (json.dumps({**record, "platform": "tpu"}), "platform 'tpu': one of cpu, gpu, auto"),
         "steps": (json.dumps({**record, "test_time_steps": [16, -1]}), "test_time_steps [16, -1]"),
         "config": (json.dumps({**record, "config": {**record["config"], "arhc": {}}}), "config"),
     }
@@ -79,9 +80,9 @@ def test_launch_takes_only_trainer_options_after_a_job_and_refuses_a_batch_its_d
     assert trm(["launch", "--job", path, "--", "--set=train.epochs=2"]) == 2
     assert f"--set=train.epochs=2: the job file {path} gives the run" in capsys.readouterr().err
     assert trm(["launch", "--job", path, "--hosts", "2"]) == 2
-    assert (
-        f"--hosts, --devices-per-host: the job file {path} gives the job's shape" in capsys.readouterr().err
-    )
+    assert f"--hosts: the job file {path} gives the job's shape" in capsys.readouterr().err
+    assert trm(["launch", "--job", path, "--platform", "gpu", "--devices-per-host", "2"]) == 2
+    assert f"--devices-per-host, --platform: the job file {path} gives" in capsys.readouterr().err
     assert trm(["launch", "--job", path, "--", "--process-id", "1"]) == 2
     assert "--process-id: the launcher sets the multi-host options itself" in capsys.readouterr().err
     _job(tmp_path, tmp_path / "run", hosts=3).write(path)

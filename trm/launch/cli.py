@@ -18,7 +18,8 @@ holder. The exit code is 0 when every host finished, 42 when the job was preempt
 to resume), otherwise a failure. SIGINT or SIGTERM stops every host through its checkpoint (exit 42 locally,
 128 + the signal on tpu-vm); a job of the workflow stops the same way when Snakemake dies
 (trm/run/lifetime.py). Backends:
-  local   H processes on this machine with D CPU devices each (tests, laptops, the workflow's default)
+  local   H processes on this machine with D CPU devices each (tests, laptops, the workflow's default), or D
+          of its NVIDIA GPUs each (launch.platform gpu or auto; --platform by hand; profiles/gpu)
   tpu-vm  every host of a Cloud TPU slice, relaunched after preemptions (trm/launch/tpu_vm.py, docs/tpu.md);
           its settings are the job file's `tpu` (the workflow's launch.tpu, trm/launch/tpu_options.py)
 """
@@ -33,6 +34,7 @@ from trm.config import batch_split_problem
 from trm.errors import UserError
 from trm.launch import tpu_options
 from trm.launch.job import Job, read_job
+from trm.platform import LOCAL_PLATFORMS
 from trm.run import layout, spec
 from trm.run.lease import Lease
 from trm.run.lifetime import watch_controller
@@ -60,6 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job", help="a job file (see above; the workflow's RESULTS/SCALE/jobs/<hash>.json)")
     parser.add_argument("--hosts", type=int, help="without --job: number of hosts (processes), default 1")
     parser.add_argument("--devices-per-host", type=int, help="without --job: devices of each host, default 1")
+    parser.add_argument(
+        "--platform",
+        choices=LOCAL_PLATFORMS,
+        help="without --job: what the hosts run on (cpu, the default; gpu: the machine's NVIDIA GPUs; auto)",
+    )
     parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then arguments of `trm train`")
 
 
@@ -71,8 +78,13 @@ def main(args: argparse.Namespace) -> int:
     if reserved:
         raise UserError(f"{reserved[0]}: the launcher sets the multi-host options itself")
     if args.job:
-        if args.hosts is not None or args.devices_per_host is not None:
-            raise UserError(f"--hosts, --devices-per-host: the job file {args.job} gives the job's shape")
+        shape = {
+            "--hosts": args.hosts,
+            "--devices-per-host": args.devices_per_host,
+            "--platform": args.platform,
+        }
+        if given := [flag for flag, value in shape.items() if value is not None]:
+            raise UserError(f"{', '.join(given)}: the job file {args.job} gives the job's shape")
         given = [arg for arg in train_args if arg.split("=")[0] in RUN_ARGS]
         if given:
             raise UserError(
@@ -111,7 +123,7 @@ def _job_by_hand(args: argparse.Namespace, train_args: list[str]) -> tuple[Job, 
         raise UserError(f"--devices-per-host {devices_per_host}: must be >= 1")
     run, options = spec.split(train_args)
     tpu = tpu_options.launcher_settings(tpu_options.defaults())
-    return Job(run, (), "local", hosts, devices_per_host, tpu), options
+    return Job(run, (), "local", hosts, devices_per_host, tpu, platform=args.platform or "cpu"), options
 
 
 def log(message: str) -> None:

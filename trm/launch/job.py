@@ -11,6 +11,7 @@ train rule runs `trm launch --job FILE`. A job file is canonical JSON with these
   test_time_subset  the test puzzles those counts are scored on (`trm train --test-time-subset`), null: all
   backend           local or tpu-vm (trm/launch/cli.py)
   hosts, devices_per_host   the job's shape
+  platform          what local hosts run on: cpu, gpu or auto (launch.platform; trm/platform.py)
   tpu               the tpu-vm backend's settings: the workflow's launch.tpu keys (trm/launch/tpu_options.py),
                     with the experiment's launch.per_experiment entry merged in and code_url filled in
 
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from trm import storage
 from trm.config import validate_config
 from trm.errors import UserError
+from trm.platform import LOCAL_PLATFORMS
 from trm.run import layout
 from trm.run.spec import Run
 
@@ -39,6 +41,7 @@ KEYS = (
     "backend",
     "hosts",
     "devices_per_host",
+    "platform",
     "tpu",
 )
 
@@ -54,6 +57,7 @@ class Job:
     devices_per_host: int
     tpu: dict  # launch.tpu's launcher settings, merged (see the module docstring)
     test_time_subset: int | None = None
+    platform: str = "cpu"  # of the local backend's hosts (trm.platform.LOCAL_PLATFORMS)
 
     @property
     def devices(self) -> int:
@@ -70,6 +74,7 @@ class Job:
             "backend": self.backend,
             "hosts": self.hosts,
             "devices_per_host": self.devices_per_host,
+            "platform": self.platform,
             "tpu": self.tpu,
         }
         return json.dumps(record, sort_keys=True, indent=2, allow_nan=False) + "\n"
@@ -128,7 +133,9 @@ def read_job(path: str) -> Job:
     subset = record["test_time_subset"]
     if subset is not None and (not isinstance(subset, int) or isinstance(subset, bool) or subset < 1):
         raise UserError(f"{path}: test_time_subset {subset!r}: expected a positive integer or null")
+    if record["platform"] not in LOCAL_PLATFORMS:
+        raise UserError(f"{path}: platform {record['platform']!r}: one of {', '.join(LOCAL_PLATFORMS)}")
     config = validate_config(record["config"], source=f"{path}: config")
     run = Run(config, record["config_hash"], record["data"], record["run_dir"])
     shape = record["backend"], record["hosts"], record["devices_per_host"], record["tpu"]
-    return Job(run, tuple(steps), *shape, subset)
+    return Job(run, tuple(steps), *shape, subset, record["platform"])

@@ -257,9 +257,11 @@ def _supervise(
 
 
 def check(job: Job) -> None:
-    """Nothing to check: any storage URL works for processes on this machine (registry of trm/launch/cli.py)."""
+    """Before the lease (registry of trm/launch/cli.py): the machine has the devices `job.platform` asks for. Any
+    storage URL works for processes on this machine."""
+    host_gpus(job.platform, job.hosts, job.devices_per_host)
 
 
 def launch(job: Job, train_args: list[str], lease_lost: threading.Event) -> int:
     """Entry point of the registry in trm/launch/cli.py."""
-    return run_hosts(job.hosts, job.devices_per_host, train_args, lease_lost)
+    return run_hosts(job.hosts, job.devices_per_host, train_args, lease_lost, job.platform)

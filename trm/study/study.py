@@ -220,7 +220,7 @@ class Study:
         tpu = tpu_options.launcher_settings(launch["tpu"])
         hosts, devices = launch["hosts"], launch["devices_per_host"]
         steps, subset = tuple(self.test_time_steps), self.test_time_subset
-        return Job(run, steps, self.backend, hosts, devices, tpu, subset)
+        return Job(run, steps, self.backend, hosts, devices, tpu, subset, self.config["launch"]["platform"])
 
     def write_jobs(self) -> None:
         """Each distinct run's job file, rewritten only when its content changes (so no job reruns for nothing)."""

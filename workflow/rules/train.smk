@@ -23,8 +23,8 @@ rule train:
         "{resources.estimate}"
     resources:
         estimate=lambda wildcards: study.costs.message(wildcards.exp),
-        # One training job per TPU slice: a profile sets `resources: tpu=<slices>` (unlimited otherwise).
-        tpu=1,
+        # Training jobs at once: a profile sets `resources: training_jobs=N` (TPU: its slices; one GPU machine: 1).
+        training_jobs=1,
     log:
         os.path.join(RESULTS, "logs", "train", "{exp}.log"),
     benchmark:
