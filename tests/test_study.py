@@ -267,6 +267,18 @@ def test_plan_summary_and_each_jobs_estimate(tmp_path):
     assert sorted(cache) == sorted({exp.hash for exp in planned.plan.values()})  # model costs kept by hash
 
 
+def test_a_price_per_device_hour_prices_the_planned_hours(tmp_path):
+    planned = study(tmp_path, {"groups": ["exp06"], "accelerator": {"price_per_hour": 2.5}})
+    hours = sum(h["training"] + h["evaluation"] for h in planned.costs.hours.values())
+    *_, price = planned.costs.summary().splitlines()
+    assert price.startswith(
+        f"  price:      ${hours * 2.5:,.0f} for these {hours:.4g} CPU core-hours at $2.5 each"
+    )
+    assert "bills while it exists" in price
+    message = refused(tmp_path, {"accelerator": {"price_per_hour": -1}})
+    assert "accelerator.price_per_hour" in message and "--config" in message
+
+
 def test_estimate_matches_the_spec_flops_of_a_paper_baseline_run():
     baseline = next(e.config for e in plan_study("paper", ["exp01c"]))
     costs = model_costs(baseline)

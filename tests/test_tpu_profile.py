@@ -54,6 +54,9 @@ def test_profile_dry_run_needs_no_gcloud_and_shows_tpu_hours(tmp_path):
     assert all(hours > 0 for hours in evaluation.values())
     assert "x 128 steps on the test-time subset" in output and "TPU v4 chip-hours" in output
     assert "scale paper: 6 experiments" in output
+    assert (
+        "  price:      $" in output and "TPU v4 chip-hours at $3.22 each" in output
+    )  # the public on-demand price
     # Each training job launches its run's job file, which carries the backend and the job's shape.
     files = {
         line.split(" launch --job ")[1].split()[0] for line in output.splitlines() if " launch --job " in line

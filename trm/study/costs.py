@@ -123,6 +123,12 @@ class Costs:
             hours = sum(self.hours[first][part] for first in runs)
             wall = sum(self.hours[first][part] / study.job_devices(first) for first in runs)
             lines.append(f"  {f'{part}:':<12}{hours:.4g} {self.device_hours} ({wall:.4g} h of jobs {shapes})")
+        if (price := self.accelerator.get("price_per_hour")) is not None:
+            hours = sum(self.hours[first]["training"] + self.hours[first]["evaluation"] for first in runs)
+            lines.append(
+                f"  {'price:':<12}${hours * price:,.0f} for these {hours:.4g} {self.device_hours} at ${price:g} each "
+                "(accelerator.price_per_hour; a slice bills while it exists, busy or idle: a lower bound)"
+            )
         return "\n".join(lines)
 
     def message(self, exp_id: str) -> str:
