@@ -36,6 +36,7 @@ from trm.analysis.uncertainty import (
     noise_floor,
     summarize,
 )
+from trm.study.groups import REFERENCE_GROUP
 from trm.study.metrics import RUN_METRICS
 
 # Metrics that are fractions of the whole test split's puzzles: a single run of them has a binomial sampling
@@ -76,6 +77,17 @@ def samples_by_configuration(
     return {
         str(k): [float(v) for v in values] for k, values in rows.groupby(config_column, sort=False)[metric]
     }
+
+
+def reference_ids(table) -> list[str]:
+    """The experiments whose seeds measure the noise floor: every group's baseline and every reference run (rows
+    of `trm aggregate`'s table with `baseline` true or group `reference`)."""
+    chosen = table["id"].isna()  # all False
+    if "baseline" in table:
+        chosen |= table["baseline"].fillna(False).astype(bool)
+    if "group" in table:
+        chosen |= table["group"] == REFERENCE_GROUP
+    return list(dict.fromkeys(str(i) for i in table.loc[chosen, "id"]))
 
 
 def noise_floors(
