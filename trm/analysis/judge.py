@@ -65,7 +65,7 @@ def judged_metric(metric: str, group_runs: Mapping[str, Sequence[float]], scale:
 
 def samples_by_experiment(table, metric: str, id_column: str = "id") -> dict[str, list[float]]:
     """One list of the metric's values per experiment id, from a table with one row per run (pandas)."""
-    return {str(k): [float(v) for v in rows] for k, rows in table.groupby(id_column, sort=False)[metric]}
+    return {str(k): _floats(rows) for k, rows in table.groupby(id_column, sort=False)[metric]}
 
 
 def samples_by_configuration(
@@ -74,9 +74,12 @@ def samples_by_configuration(
     """The metric's values per distinct configuration of the given experiments, each run once: experiments with
     equal configs share runs, which the noise floor must not count twice (pass it to uncertainty.noise_floor)."""
     rows = table[table["id"].isin(list(ids))].drop_duplicates([config_column, run_column])
-    return {
-        str(k): [float(v) for v in values] for k, values in rows.groupby(config_column, sort=False)[metric]
-    }
+    return {str(k): _floats(values) for k, values in rows.groupby(config_column, sort=False)[metric]}
+
+
+def _floats(values) -> list[float]:
+    """A metric's values as floats; None (a summary's unmeasured value, e.g. epochs to 85% never reached) as NaN."""
+    return [math.nan if v is None else float(v) for v in values]
 
 
 def reference_ids(table) -> list[str]:
