@@ -262,6 +262,12 @@ def test_smoke_scale_judges_the_cell_accuracy_the_plots_show_and_says_it_tests_n
         "verdict"
     ] == NO_SIGNAL
     assert smoke["note"] in verdicts.to_markdown(smoke) and first["caveat"] in verdicts.to_markdown(smoke)
+    # A criterion against a published exact accuracy keeps exact accuracy: 0 throughout is no signal.
+    baseline = runs(exp01a=[0.0], exp01b=[0.0], exp01c=[0.0], exp01d=[0.0], exp01e=[0.0], exp01f=[0.0])
+    baseline["test_cell_accuracy"] = 0.5
+    paper_figure = evaluate([groups["exp01"]], baseline, "smoke", 16)["groups"][0]["criteria"][0]
+    assert "value" in groups["exp01"]["criteria"][0] and paper_figure["metric"] == "test_exact_accuracy"
+    assert paper_figure["verdict"] == NO_SIGNAL and paper_figure["caveat"] == ""
     assert smoke["note"] in verdicts.summary_rst(smoke).replace("\\", "")
     rst = verdicts.group_rst(smoke["groups"][0], smoke).replace("\\", "")
     assert "Verdict at the smoke scale: inconclusive** (criteria: 2 inconclusive)" in rst

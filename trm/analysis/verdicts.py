@@ -16,8 +16,9 @@ criterion is not, supported when all are, lacks data when any criterion does, ha
 criteria has any, and is inconclusive otherwise. Writes OUTPUT/verdicts.json and OUTPUT/verdicts.md (every group),
 OUTPUT/verdicts.rst (the summary table) and OUTPUT/<group>.rst (hypothesis, expected result and verdict: the HTML
 report shows it under the group's plot). At the smoke scale a criterion on exact accuracy is judged on cell
-accuracy when exact accuracy is 0 for every run of the group (as the plots do, with a caveat), and every output
-says that the runs are too short to test anything.
+accuracy when exact accuracy is 0 for every run of the group (as the plots do, with a caveat), except one against
+a fixed `value` (a published exact accuracy, which no cell accuracy compares with); every output says that the
+runs are too short to test anything.
 """
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ def evaluate_criterion(
     metric, caveat = judged_metric(
         criterion["metric"], samples_by_experiment(in_group, criterion["metric"]), scale
     )
+    if (
+        "value" in criterion
+    ):  # a published figure of the criterion's own metric: no other metric compares with it
+        metric, caveat = criterion["metric"], ""
     present = set(table["id"].astype(str))
     absent = [m for m in needed_members(criterion, group) if m not in present]
     base = {"text": criterion["text"], "check": criterion["check"], "caveat": caveat}
