@@ -270,7 +270,7 @@ def test_smoke_scale_judges_the_cell_accuracy_the_plots_show_and_says_it_tests_n
     assert paper_figure["verdict"] == NO_SIGNAL and paper_figure["caveat"] == ""
     assert smoke["note"] in verdicts.summary_rst(smoke).replace("\\", "")
     rst = verdicts.group_rst(smoke["groups"][0], smoke).replace("\\", "")
-    assert "Verdict at the smoke scale: inconclusive** (criteria: 2 inconclusive)" in rst
+    assert "Verdict at the smoke scale: inconclusive.** Criteria: 2 inconclusive." in rst
     assert "exp08d 0.45 [" in rst and "(n=1)" in rst and "intervals: sampling only" in rst
 
 
@@ -307,7 +307,7 @@ def test_cli_writes_every_output_for_the_groups_in_the_table(tmp_path, capsys):
     assert "too short to test the hypothesis" in markdown and "| exp07 | " in markdown
     assert "1 not supported, 1 supported" not in markdown and "1 supported, 1 not supported" in markdown
     rst = (out / "exp07.rst").read_text()
-    assert "**Verdict at the smoke scale: not supported** (criteria: 1 supported, 1 not supported)" in rst
+    assert "**Verdict at the smoke scale: not supported.** Criteria: 1 supported, 1 not supported." in rst
     assert "exp07b - exp07a: not supported: difference -40.0 ± " in rst and "(n=3)" in rst
     assert "too short" in capsys.readouterr().out
     # Named groups are judged even without runs.

@@ -261,7 +261,7 @@ def group_rst(group: dict, result: dict) -> str:
         "",
         f"**Expected.** {_rst(group['expected'])}",
         "",
-        f"**Verdict at the {result['scale']} scale: {group['verdict']}** (criteria: {counts}).",
+        f"**Verdict at the {result['scale']} scale: {group['verdict']}.** Criteria: {counts}.",
     ]
     if result["note"]:
         lines[-1] += f" *{_rst(result['note'])}*"
