@@ -9,6 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from trm.analysis.judge import SUMMARY_FIELDS, is_fraction
+from trm.analysis.uncertainty import NO_INTERVAL, SAMPLING_ONLY, wilson_interval
 from trm.cli import main as trm_main
 from trm.study.groups import GROUPS_PATH
 from trm.study.metrics import CURVE_METRICS, RUN_METRICS, SUMMARY_METRICS, TEST_TIME_METRICS
@@ -19,13 +21,15 @@ EXPERIMENTS = ("exp01a", "exp01c", "exp04a_1000")  # the last two share one run 
 
 def _summary(config: dict, config_hash: str, accuracy: float) -> dict:
     """A summary as `trm summarize` writes it."""
-    metrics = {key: float(n) for n, key in enumerate(SUMMARY_METRICS)}
+    # Distinct values; a fraction stays one.
+    metrics = {key: float(n) / (100 if is_fraction(key) else 1) for n, key in enumerate(SUMMARY_METRICS)}
     return {
         "config": config,
         "config_hash": config_hash,
         "devices": 2,
         **metrics,
         "test_exact_accuracy": accuracy,
+        "epochs_to_85pct": None,  # never reached: not measured
         "curve": [{"epoch": 1.0, "test_exact_accuracy": accuracy, "test_cell_accuracy": 0.5}],
         "test_time": [{key: 16 if key == "steps" else accuracy for key in TEST_TIME_METRICS}],
     }
@@ -54,16 +58,34 @@ def test_the_table_is_the_summaries_metrics_in_the_registrys_order(results):
     assert trm_main(args) == 0
     table = pd.read_csv(f"{output}.csv")
     columns = list(table.columns)
-    assert columns[:5] == ["id", "group", "baseline", "varied", "config_hash"]
-    assert columns[5 : 5 + len(RUN_METRICS)] == list(RUN_METRICS)
-    assert all("." in key for key in columns[5 + len(RUN_METRICS) :])  # then the config keys groups plot
+    assert columns[:6] == ["id", "group", "baseline", "varied", "config_hash", "seed"]
+    assert columns[6 : 6 + len(RUN_METRICS)] == list(RUN_METRICS)
+    summaries = [f"{m}_{suffix}" for m in SUMMARY_METRICS for suffix in SUMMARY_FIELDS]
+    # then the config keys groups plot, then each summary metric's per-experiment uncertainty
+    assert all("." in key for key in columns[6 + len(RUN_METRICS) : -len(summaries)])
+    assert columns[-len(summaries) :] == summaries
+    assert list(table["seed"]) == [plan_study("smoke", [e])[0].config["train"]["seed"] for e in EXPERIMENTS]
     assert list(table["test_exact_accuracy"]) == pytest.approx([0.0, 0.1, 0.2])
     summary = json.loads((results / "runs/exp01a.json").read_text())
-    assert all(table.loc[0, key] == summary[key] for key in SUMMARY_METRICS if key != "test_exact_accuracy")
+    unmeasured = ("test_exact_accuracy", "epochs_to_85pct")
+    assert all(table.loc[0, key] == summary[key] for key in SUMMARY_METRICS if key not in unmeasured)
+    assert table["epochs_to_85pct"].isna().all() and list(table["epochs_to_85pct_n"]) == [0, 0, 0]
     # The shared run reports the wall time of the job that trained it; accelerator-hours use the run's devices.
     assert list(table["wall_time_s"]) == [3600.0, 3 * 3600.0, 3 * 3600.0]
     assert list(table["accelerator_hours"]) == [2.0, 6.0, 6.0]
     assert (table["parameter_count"] > 0).all() and (table["effective_depth"] > 0).all()
+    # One run per experiment and no baseline with 2 seeds: no noise floor, so an accuracy's interval is the
+    # sampling interval over the 16 test puzzles, and a metric that is no fraction of them has none; the table
+    # says which.
+    assert list(table["test_exact_accuracy_n"]) == [1, 1, 1]
+    assert set(table["test_exact_accuracy_interval"]) == {SAMPLING_ONLY}
+    assert (
+        table.loc[2, "test_exact_accuracy_low"],
+        table.loc[2, "test_exact_accuracy_high"],
+    ) == pytest.approx(wilson_interval(0.2 * 16, 16))
+    assert set(table["examples_per_second_interval"]) == {NO_INTERVAL}
+    assert table["examples_per_second_low"].isna().all() and table["test_exact_accuracy_sd"].isna().all()
+    assert list(pd.read_parquet(f"{output}.parquet").columns) == columns
     curves = pd.read_csv(f"{output}-curves.csv")
     assert list(curves.columns) == ["id", "group", *CURVE_METRICS]
     test_time = pd.read_csv(f"{output}-test-time.csv")

@@ -69,6 +69,8 @@ def test_verdicts_names_a_cell_that_is_not_a_number(tmp_path):
         str(GROUPS_PATH),
         "--scale",
         "paper",
+        "--test-puzzles",
+        "423168",
         "--output",
         str(out),
     )

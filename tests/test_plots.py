@@ -1,11 +1,13 @@
 """Group plots: where a group's exact accuracy is 0 for every run (short smoke runs), the panels draw cell accuracy
-and say so; where any run is exactly right somewhere, they draw exact accuracy."""
+and say so; where any run is exactly right somewhere, they draw exact accuracy. Each experiment is drawn at its
+mean with its 95% interval and n, every run as a dot."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from trm.analysis.plots import FALLBACK_TITLE, _pareto_front, plot_group
 from trm.study.groups import GROUPS_PATH, load_groups
@@ -150,3 +152,58 @@ def test_a_pareto_front_follows_each_metrics_better_direction():
     front = _pareto_front(points, "step_time_s", "test_exact_accuracy")
     assert list(front["id"]) == ["fast-bad", "slow-good"]
     assert list(front.columns) == list(points.columns)
+
+
+def test_each_experiment_is_drawn_at_its_mean_with_its_interval_every_run_as_a_dot_and_its_n():
+    """The baseline has 3 seeds: a solid interval over them; the other members one run each, with the interval
+    the table borrowed (noise floor + test sampling) dashed. Every label gives n."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from trm.analysis.judge import add_summaries, noise_floors, reference_ids
+    from trm.analysis.plots import _panel
+    from trm.analysis.uncertainty import FLOOR_AND_SAMPLING, SEEDS
+
+    group = next(g for g in load_groups() if g["id"] == "exp01")
+    members = group["members"]
+    seeds = {
+        m: [0.40, 0.46, 0.43] if m == group["baseline"] else [0.30 + 0.02 * i] for i, m in enumerate(members)
+    }
+    width = {m: 1e6 * 2**i for i, m in enumerate(members)}
+    runs = pd.DataFrame(
+        [
+            {
+                "id": m,
+                "group": "exp01",
+                "varied": m,
+                "baseline": m == group["baseline"],
+                "config_hash": m,
+                "seed": seed,
+                "parameter_count": width[m],
+                "test_exact_accuracy": value,
+            }
+            for m in members
+            for seed, value in enumerate(seeds[m])
+        ]
+    )
+    metrics = ["test_exact_accuracy"]
+    runs = add_summaries(runs, metrics, noise_floors(runs, metrics, reference_ids(runs)), test_puzzles=1000)
+    sources = runs.drop_duplicates("id").set_index("id")["test_exact_accuracy_interval"]
+    assert sources[group["baseline"]] == SEEDS and sources["exp01a"] == FLOOR_AND_SAMPLING
+    fig, ax = plt.subplots()
+    _panel(ax, group["plots"][0], group, runs, runs.iloc[:0], runs.iloc[:0])
+    labels = {t.get_text() for t in ax.texts}
+    assert f"{group['baseline']} (n=3)" in labels and "exp01a (n=1)" in labels
+    (line,) = [line for line in ax.get_lines() if line.get_marker() == "o"]
+    assert list(line.get_ydata())[members.index(group["baseline"])] == pytest.approx(0.43)  # the mean
+    dots = next(c for c in ax.collections if c.get_label() == "each run")
+    assert len(dots.get_offsets()) == len(runs) == len(members) + 2
+    styles = {c.get_label(): c.lines[2][0].get_linestyle()[0] for c in ax.containers}
+    over_seeds, one_run = (
+        styles["95% interval over seeds"],
+        styles["95% interval of one run (noise floor or test sampling)"],
+    )
+    assert over_seeds[1] is None and one_run[1] is not None  # solid: no dash pattern; dashed: one
+    plt.close(fig)

@@ -5,8 +5,11 @@ r"""Gather every run of the study into one table (CSV and Parquet), the evaluati
 
 Reads, per experiment id, RESULTS/runs/<id>.json (the run's summary, `trm summarize`: its resolved config and
 metrics) and RESULTS/benchmarks/train/<id>.tsv (Snakemake's benchmark of the training job: wall time). Writes
-OUTPUT.csv, OUTPUT.parquet (one row per run: its group, its varied keys, then the metrics of
-trm/study/metrics.py's RUN_METRICS in that order, then the config keys the groups plot), OUTPUT-curves.csv (test
+OUTPUT.csv, OUTPUT.parquet (one row per run: its group, its varied keys, its config hash and seed, then the
+metrics of trm/study/metrics.py's RUN_METRICS in that order, then the config keys the groups plot, then for each
+metric of SUMMARY_METRICS its experiment's mean, sd, n, 95% interval and the interval's source: columns
+{metric}_mean, _sd, _n, _low, _high, _interval, the same on every row of the experiment; docs/statistics.md
+explains them), OUTPUT-curves.csv (test
 accuracy per evaluation during training) and OUTPUT-test-time.csv (test accuracy per number of supervision steps
 at test time, one row per run and step count). Accelerator-hours are measured wall hours x the devices the run
 trained on (experiments with equal configs share one run and report the wall time of the job that trained it); the
@@ -105,6 +108,7 @@ def aggregate(
                 "varied": labels.get(exp_id)
                 or ", ".join(f"{k.split('.')[-1]}={config_value(config, k)}" for k in group["varies"]),
                 "config_hash": summary["config_hash"],
+                "seed": config_value(config, "train.seed"),  # replicates of one experiment differ only here
                 **{key: values[key] for key in RUN_METRICS},
                 **{key: config_value(config, key) for key in plot_keys},
             }
@@ -120,6 +124,11 @@ def aggregate(
     # Experiments sharing a config share one run: the job that trained it holds the run's wall time.
     for column in ("wall_time_s", "accelerator_hours"):
         table[column] = table.groupby("config_hash")[column].transform("max")
+    # scipy (through judge) is imported here too, and judge imports the plots, which import this module.
+    from trm.analysis.judge import add_summaries, noise_floors, reference_ids
+
+    floors = noise_floors(table, SUMMARY_METRICS, reference_ids(table), run_column="seed")
+    table = add_summaries(table, SUMMARY_METRICS, floors, test_puzzles)
     return (
         table,
         pd.DataFrame(curves, columns=CURVE_COLUMNS),

@@ -36,6 +36,7 @@ from trm.analysis.uncertainty import (
     noise_floor,
     summarize,
 )
+from trm.study.groups import REFERENCE_GROUP
 from trm.study.metrics import RUN_METRICS
 
 # Metrics that are fractions of the whole test split's puzzles: a single run of them has a binomial sampling
@@ -64,7 +65,7 @@ def judged_metric(metric: str, group_runs: Mapping[str, Sequence[float]], scale:
 
 def samples_by_experiment(table, metric: str, id_column: str = "id") -> dict[str, list[float]]:
     """One list of the metric's values per experiment id, from a table with one row per run (pandas)."""
-    return {str(k): [float(v) for v in rows] for k, rows in table.groupby(id_column, sort=False)[metric]}
+    return {str(k): _floats(rows) for k, rows in table.groupby(id_column, sort=False)[metric]}
 
 
 def samples_by_configuration(
@@ -73,9 +74,23 @@ def samples_by_configuration(
     """The metric's values per distinct configuration of the given experiments, each run once: experiments with
     equal configs share runs, which the noise floor must not count twice (pass it to uncertainty.noise_floor)."""
     rows = table[table["id"].isin(list(ids))].drop_duplicates([config_column, run_column])
-    return {
-        str(k): [float(v) for v in values] for k, values in rows.groupby(config_column, sort=False)[metric]
-    }
+    return {str(k): _floats(values) for k, values in rows.groupby(config_column, sort=False)[metric]}
+
+
+def _floats(values) -> list[float]:
+    """A metric's values as floats; None (a summary's unmeasured value, e.g. epochs to 85% never reached) as NaN."""
+    return [math.nan if v is None else float(v) for v in values]
+
+
+def reference_ids(table) -> list[str]:
+    """The experiments whose seeds measure the noise floor: every group's baseline and every reference run (rows
+    of `trm aggregate`'s table with `baseline` true or group `reference`)."""
+    chosen = table["id"].isna()  # all False
+    if "baseline" in table:
+        chosen |= table["baseline"].fillna(False).astype(bool)
+    if "group" in table:
+        chosen |= table["group"] == REFERENCE_GROUP
+    return list(dict.fromkeys(str(i) for i in table.loc[chosen, "id"]))
 
 
 def noise_floors(

@@ -5,7 +5,9 @@
 Reads TABLE.csv and TABLE-curves.csv (`trm aggregate`). Each panel is one `plots:` entry of the group: `line` puts
 the members on x (a config key, a metric or `member`), `pareto` scatters them and draws the front of runs no
 other run beats on both axes, `curve` draws test accuracy over training per member. The group's baseline is
-drawn as a star (a thick black line for curves). A metric the runs did not measure is shown as an empty panel
+drawn as a star (a thick black line for curves). A `line` or `pareto` panel draws each experiment at its mean
+with its 95% interval from the table (`trm aggregate`: solid over seeds, dashed where one run borrowed the noise
+floor or the test split's sampling interval), every run as a small black dot, and n beside each experiment's id. A metric the runs did not measure is shown as an empty panel
 saying so. A last panel, on every group, draws test exact accuracy against the number of supervision steps at
 test time per member, from TABLE-test-time.csv (`trm evaluate` at the workflow's test_time_steps).
 
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from trm import storage
 from trm.analysis.aggregate import read_table
+from trm.analysis.uncertainty import SEEDS
 from trm.errors import UserError
 from trm.study.groups import REFERENCE_GROUP, load_groups
 from trm.study.metrics import CURVE_METRICS, PLOT_METRICS, TEST_TIME_METRICS
@@ -115,13 +118,14 @@ def _pareto_front(points: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
 def _references(ax, refs: pd.DataFrame, y: str, lines: pd.DataFrame | None = None, x: str = "") -> None:
     """Each reference run (groups.yaml `references`) as a dashed grey line labelled with its label: its own
     curve over `x` when `lines` holds one, else a horizontal line at its value of `y`."""
-    for _, ref in refs.iterrows():
+    for _, ref in refs.drop_duplicates("id").iterrows():
         text = f"{ref['varied']} ({ref['id']})"
         line = None if lines is None else lines[lines["id"] == ref["id"]].sort_values(x)
         if line is not None and not line.empty:
             ax.plot(line[x], line[y], linestyle="--", color="tab:gray", label=text)
-        elif line is None and y in ref and ref[y] == ref[y]:  # not NaN: measured
-            ax.axhline(ref[y], linestyle="--", color="tab:gray", label=text)
+        elif line is None and y in ref and ref[y] == ref[y]:  # not NaN: measured; its mean over seeds
+            n = f", n={int(ref[f'{y}_n'])}" if f"{y}_n" in ref else ""
+            ax.axhline(ref.get(f"{y}_mean", ref[y]), linestyle="--", color="tab:gray", label=f"{text}{n}")
 
 
 def _panel(ax, plot: dict, group: dict, runs: pd.DataFrame, curves: pd.DataFrame, refs: pd.DataFrame) -> None:
@@ -137,9 +141,18 @@ def _panel(ax, plot: dict, group: dict, runs: pd.DataFrame, curves: pd.DataFrame
     y = _metric(runs, y, ax)
     ax.set_ylabel(label(y))
     ax.set_xlabel(label(x))
-    points = runs.set_index("id").reindex([m for m in group["members"] if m in set(runs["id"])]).reset_index()
+    members = [m for m in group["members"] if m in set(runs["id"])]
+    runs = runs[runs["id"].isin(members)].copy()
+    # One point per experiment at its mean (a table without summaries: its one run), every run beside it.
+    points = runs.drop_duplicates("id").set_index("id").reindex(members).reset_index()
+    for name in (x, y):
+        if f"{name}_mean" in points:
+            points[name] = points[f"{name}_mean"]
+    if f"{y}_n" not in points:
+        points[f"{y}_n"] = points["id"].map(runs.dropna(subset=[y]).groupby("id").size()).fillna(0)
     if x == "member":
         points["member"] = range(len(points))
+        runs["member"] = runs["id"].map(dict(zip(points["id"], points["member"], strict=True)))
         ax.set_xticks(
             points["member"], [f"{i}\n{v}" for i, v in zip(points["id"], points["varied"], strict=True)]
         )
@@ -159,9 +172,16 @@ def _panel(ax, plot: dict, group: dict, runs: pd.DataFrame, curves: pd.DataFrame
         ax.plot(front[x], front[y], color="tab:blue", alpha=0.5, label="Pareto front")
     else:
         ax.plot(measured[x], measured[y], marker="o", color="tab:blue", zorder=2)
+    _intervals(ax, measured, x, y)
+    seeds = runs.dropna(subset=[x, y])
+    ax.scatter(seeds[x], seeds[y], s=9, color="black", alpha=0.6, zorder=4, label="each run")
     for _, row in measured.iterrows():
         ax.annotate(
-            row["id"], (row[x], row[y]), fontsize="x-small", textcoords="offset points", xytext=(3, 3)
+            f"{row['id']} (n={int(row[f'{y}_n'])})",
+            (row[x], row[y]),
+            fontsize="x-small",
+            textcoords="offset points",
+            xytext=(3, 3),
         )
     base = measured[measured["baseline"].astype(bool)]
     if not base.empty:
@@ -169,6 +189,26 @@ def _panel(ax, plot: dict, group: dict, runs: pd.DataFrame, curves: pd.DataFrame
     _references(ax, refs, y)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize="small")
+
+
+def _intervals(ax, points: pd.DataFrame, x: str, y: str) -> None:
+    """Each experiment's 95% interval of y (the table's {y}_low and {y}_high) as an error bar: solid where it is
+    measured over seeds, dashed where one run borrowed it (noise floor, test sampling: `{y}_interval`)."""
+    if f"{y}_low" not in points:
+        return
+    known = points.dropna(subset=[f"{y}_low", f"{y}_high"])
+    over_seeds = known[f"{y}_interval"] == SEEDS
+    for part, style, text in (
+        (known[over_seeds], "-", "95% interval over seeds"),
+        (known[~over_seeds], "--", "95% interval of one run (noise floor or test sampling)"),
+    ):
+        if part.empty:
+            continue
+        errors = [part[y] - part[f"{y}_low"], part[f"{y}_high"] - part[y]]
+        bars = ax.errorbar(
+            part[x], part[y], yerr=errors, fmt="none", ecolor="tab:blue", capsize=3, zorder=1, label=text
+        )
+        bars[2][0].set_linestyle(style)
 
 
 def _test_time_panel(ax, group: dict, test_time: pd.DataFrame, refs: pd.DataFrame) -> None:

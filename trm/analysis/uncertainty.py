@@ -18,7 +18,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 CONFIDENCE = 0.95  # two-sided: the verdicts decide at 5%
 POWER = 0.80  # the chance a planned number of seeds resolves a difference of the observed size
@@ -49,6 +48,8 @@ def t_quantile(df: float, confidence: float = CONFIDENCE) -> float:
     """The two-sided Student t quantile, e.g. 12.706 at 1 degree of freedom, 1.960 at infinity."""
     if not df > 0:
         raise ValueError(f"degrees of freedom must be positive, got {df}")
+    from scipy import stats  # here, not on top: `trm verdicts --help` and `trm plot-group --help` stay fast
+
     upper = 0.5 + confidence / 2
     return float(stats.norm.ppf(upper) if math.isinf(df) else stats.t.ppf(upper, df))
 
@@ -223,6 +224,8 @@ def seeds_per_arm(
     """Seeds per point for a two-sided t test at 1 - confidence to detect `effect` with probability `power`,
     when one run varies by `sd`: exact (noncentral t) for two arms of equal size or one arm against a fixed
     number. None when more than `limit` would be needed (an effect of 0 never is detected)."""
+    from scipy import stats
+
     if not sd > 0:
         return 2 if effect != 0 else None
     if effect == 0:
@@ -245,6 +248,8 @@ def normal_seeds_per_arm(
 ) -> float:
     """The closed-form normal approximation arms x (z_(1-alpha/2) + z_power)^2 sd^2 / effect^2, unrounded: what
     `seeds_per_arm` approaches for small effects."""
+    from scipy import stats
+
     z = t_quantile(math.inf, confidence) + float(stats.norm.ppf(power))
     return arms * z * z * sd * sd / (effect * effect)
 

@@ -1,195 +1,121 @@
-r"""Judge each group's hypothesis on the results table: every success criterion of config/groups.yaml is
-`supported`, `not supported` or `not enough data`, with the numbers it compared; then a verdict per group.
+r"""Judge each group's hypothesis on the results table: every success criterion of config/groups.yaml is judged
+against the uncertainty of the differences it tests (trm.analysis.judge, docs/statistics.md), then a verdict per
+group.
 
     trm verdicts --table results/paper/table.csv --groups config/groups.yaml --scale paper \
-        --output results/paper/verdicts
+        --test-puzzles 423168 --output results/paper/verdicts
 
-Reads the table of `trm aggregate` (one row per experiment). Judges the given groups, or every group with a run
-in the table. A criterion lacks data when one of the members it needs has no row or the run did not measure the
-metric (NaN). A group is supported when all its criteria are, not supported when any is not, and lacks data
-otherwise. Writes OUTPUT/verdicts.json and OUTPUT/verdicts.md (every group), OUTPUT/verdicts.rst (the summary
-table) and OUTPUT/<group>.rst (hypothesis, expected result and verdict: the HTML report shows it under the
-group's plot). At the smoke scale the verdicts are computed the same way, and every output says that the runs are
-too short to test anything.
+Reads the table of `trm aggregate` (one row per run; an experiment with several seeds has several rows). Judges
+the given groups, or every group with a run in the table. A criterion is `supported` or `not supported` only when
+the 95% interval of every difference it reads excludes the other outcome; `inconclusive` otherwise (with the
+difference, its half-width and the seeds per point that would resolve it); `no signal` when its metric is the
+same for every run it reads; `not enough data` when a member it needs has no row or did not measure the metric
+(NaN). Single runs borrow the noise floor measured on the seeds of the baselines and reference runs, and
+accuracies their sampling interval over the test split's `--test-puzzles`. A group is not supported when any
+criterion is not, supported when all are, lacks data when any criterion does, has no signal when none of its
+criteria has any, and is inconclusive otherwise. Writes OUTPUT/verdicts.json and OUTPUT/verdicts.md (every group),
+OUTPUT/verdicts.rst (the summary table) and OUTPUT/<group>.rst (hypothesis, expected result and verdict: the HTML
+report shows it under the group's plot). At the smoke scale a criterion on exact accuracy is judged on cell
+accuracy when exact accuracy is 0 for every run of the group (as the plots do, with a caveat), except one against
+a fixed `value` (a published exact accuracy, which no cell accuracy compares with); every output says that the
+runs are too short to test anything.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trm import storage
 from trm.analysis.aggregate import read_table
+from trm.analysis.judge import (
+    judge_criterion,
+    judged_metric,
+    needed_members,
+    noise_floors,
+    reference_ids,
+    samples_by_experiment,
+)
+from trm.analysis.plots import CELL_FALLBACK
+from trm.analysis.uncertainty import INCONCLUSIVE, NO_DATA, NO_SIGNAL, NOT_SUPPORTED, SUPPORTED
 from trm.errors import UserError
-from trm.study.groups import format_number as _fmt
 from trm.study.groups import load_groups
-from trm.study.groups import signed as _signed
-from trm.study.metrics import CRITERION_METRICS
 from trm.study.scale import SCALES
 
 if TYPE_CHECKING:  # pandas is imported where a table is read, so `trm verdicts --help` stays fast
     import pandas as pd
 
-SUPPORTED, NOT_SUPPORTED, NO_DATA = "supported", "not supported", "not enough data"
+OUTCOMES = (SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, NO_SIGNAL, NO_DATA)
 SMOKE_NOTE = (
     "smoke scale: these runs are too short to test the hypothesis; the verdicts only show that the criteria "
     "are evaluated."
 )
-# Accuracies are ratios of puzzle counts: 0.87 - 0.86 must count as within a tolerance of 0.01.
-SLACK = 1e-9
 
 
-def _listing(ids: list[str], values: dict[str, float]) -> str:
-    return ", ".join(f"{m} {_fmt(values[m])}" for m in ids)
+def with_run_columns(table: pd.DataFrame) -> pd.DataFrame:
+    """The table with the columns that tell runs apart (`config_hash`, `seed`), made up for a table without them
+    (a hand-made one): each id its own config, each of its rows its own seed."""
+    table = table.copy()
+    if "config_hash" not in table:
+        table["config_hash"] = table["id"].astype(str)
+    if "seed" not in table:
+        table["seed"] = table.groupby("id").cumcount()
+    return table
 
 
-def _reference(criterion: dict, values: dict[str, float]) -> tuple[float, str]:
-    """The value members are compared with (a number, or the highest of the reference members) and its label."""
-    if "value" in criterion:
-        return float(criterion["value"]), _fmt(criterion["value"])
-    reference = criterion["reference"]
-    best = max(reference, key=values.__getitem__)
-    if len(reference) == 1:
-        return values[best], f"{best} {_fmt(values[best])}"
-    return values[best], f"the highest of {', '.join(reference)}, {best} {_fmt(values[best])}"
-
-
-def within(criterion: dict, values: dict[str, float], group: dict) -> tuple[bool, str]:
-    """|member - reference| <= tolerance for every member."""
-    ref, label = _reference(criterion, values)
-    tolerance = criterion["tolerance"]
-    members = criterion["members"]
-    worst = max(members, key=lambda m: abs(values[m] - ref))
-    gap = abs(values[worst] - ref)
-    ok = gap <= tolerance + SLACK
-    return ok, (
-        f"{_listing(members, values)} against {label}: largest difference {_fmt(gap)} "
-        f"({worst}) {'<=' if ok else '>'} tolerance {_fmt(tolerance)}"
+def evaluate_criterion(
+    criterion: dict, group: dict, table: pd.DataFrame, scale: str, floors: dict, test_puzzles: int | None
+) -> dict:
+    """One criterion judged on the table's runs (judge.judge_criterion) on the metric judged_metric picks for
+    the scale; `floors`: each metric's noise floor (judge.noise_floors)."""
+    in_group = table[table["id"].isin(group["members"])]
+    metric, caveat = judged_metric(
+        criterion["metric"], samples_by_experiment(in_group, criterion["metric"]), scale
     )
-
-
-def _bound(criterion: dict, values: dict[str, float], at_least: bool) -> tuple[bool, str]:
-    ref, label = _reference(criterion, values)
-    margin = criterion.get("margin", 0)
-    bound = ref + margin
-    members = criterion["members"]
-    if at_least:
-        worst = min(members, key=values.__getitem__)
-        ok = values[worst] >= bound - SLACK
-    else:
-        worst = max(members, key=values.__getitem__)
-        ok = values[worst] <= bound + SLACK
-    sign = ">=" if at_least else "<="
-    limit = f"{label} {_signed(margin)} = {_fmt(bound)}" if margin else label
-    verdict = "holds" if ok else f"{worst} {_fmt(values[worst])} does not"
-    return ok, f"{_listing(members, values)}; needs {sign} {limit}: {verdict}"
-
-
-def at_least(criterion: dict, values: dict[str, float], group: dict) -> tuple[bool, str]:
-    """member >= reference + margin for every member."""
-    return _bound(criterion, values, at_least=True)
-
-
-def at_most(criterion: dict, values: dict[str, float], group: dict) -> tuple[bool, str]:
-    """member <= reference + margin for every member."""
-    return _bound(criterion, values, at_least=False)
-
-
-def best_is_one_of(criterion: dict, values: dict[str, float], group: dict) -> tuple[bool, str]:
-    """The group member with the best metric (the highest, or the lowest where lower is better:
-    trm/study/metrics.py) is one of the criterion's members (a tie counts)."""
-    sign = 1 if CRITERION_METRICS[criterion["metric"]].higher_is_better else -1
-    best = max(group["members"], key=lambda m: sign * values[m])
-    ok = any(sign * values[m] >= sign * values[best] - SLACK for m in criterion["members"])
-    return ok, (
-        f"{'highest' if sign > 0 else 'lowest'}: {best} {_fmt(values[best])}; candidates "
-        f"{_listing(criterion['members'], values)}: {'one of them is the best' if ok else 'none is the best'}"
+    if (
+        "value" in criterion
+    ):  # a published figure of the criterion's own metric: no other metric compares with it
+        metric, caveat = criterion["metric"], ""
+    present = set(table["id"].astype(str))
+    absent = [m for m in needed_members(criterion, group) if m not in present]
+    base = {"text": criterion["text"], "check": criterion["check"], "caveat": caveat}
+    if absent:
+        return {
+            **base,
+            "metric": metric,
+            "verdict": NO_DATA,
+            "detail": f"no run in the table: {', '.join(absent)}",
+            "summaries": {},
+            "comparisons": [],
+        }
+    samples = samples_by_experiment(table, metric)
+    judged = judge_criterion(
+        {**criterion, "metric": metric}, group, samples, floors.get(metric), test_puzzles
     )
-
-
-def monotonic(criterion: dict, values: dict[str, float], group: dict) -> tuple[bool, str]:
-    """Over the members in order, no step moves against the direction by more than the tolerance."""
-    members = criterion["members"]
-    tolerance = criterion.get("tolerance", 0)
-    sign = 1 if criterion["direction"] == "increasing" else -1
-    # The largest step against the direction (negative when every step goes the right way).
-    against, where = max((sign * (values[a] - values[b]), (a, b)) for a, b in itertools.pairwise(members))
-    ok = against <= tolerance + SLACK
-    path = " -> ".join(f"{m} {_fmt(values[m])}" for m in members)
-    wrong_way = "falls" if sign > 0 else "rises"
-    if ok:
-        return ok, f"{path}: never {wrong_way} by more than {_fmt(tolerance)}"
-    return (
-        ok,
-        f"{path}: {wrong_way} by {_fmt(against)} from {where[0]} to {where[1]} (tolerance {_fmt(tolerance)})",
-    )
-
-
-CHECKS = {
-    "within": within,
-    "at_least": at_least,
-    "at_most": at_most,
-    "best_is_one_of": best_is_one_of,
-    "monotonic": monotonic,
-}
-
-
-def needed_members(criterion: dict, group: dict) -> list[str]:
-    """The members whose metric the criterion reads (every member for best_is_one_of)."""
-    if criterion["check"] == "best_is_one_of":
-        return list(group["members"])
-    return list(dict.fromkeys(criterion["members"] + criterion.get("reference", [])))
-
-
-def evaluate_criterion(criterion: dict, group: dict, table: pd.DataFrame) -> dict:
-    """One criterion judged on the table (one row per experiment id): verdict, detail and the values read."""
-    import pandas as pd
-
-    metric = criterion["metric"]
-    rows = table.set_index("id")[metric]
-    values: dict[str, float | None] = {}
-    absent, unmeasured = [], []
-    for member in needed_members(criterion, group):
-        value = rows.get(member)
-        if value is None:
-            absent.append(member)
-        elif pd.isna(value):
-            unmeasured.append(member)
-        values[member] = None if value is None or pd.isna(value) else float(value)
-    if absent or unmeasured:
-        verdict = NO_DATA
-        detail = "; ".join(
-            ([f"no run in the table: {', '.join(absent)}"] if absent else [])
-            + ([f"{metric} not measured: {', '.join(unmeasured)}"] if unmeasured else [])
-        )
-    else:
-        ok, detail = CHECKS[criterion["check"]](criterion, values, group)
-        verdict = SUPPORTED if ok else NOT_SUPPORTED
-    return {
-        "text": criterion["text"],
-        "check": criterion["check"],
-        "metric": metric,
-        "verdict": verdict,
-        "detail": detail,
-        "values": values,
-    }
+    return {**base, **judged}
 
 
 def group_verdict(verdicts: list[str]) -> str:
-    """Supported when every criterion is, not supported when any is not, otherwise not enough data."""
+    """Not supported when any criterion is not; supported when all are; not enough data when any criterion lacks
+    it; no signal when no criterion has any; otherwise inconclusive."""
     if NOT_SUPPORTED in verdicts:
         return NOT_SUPPORTED
     if all(v == SUPPORTED for v in verdicts):
         return SUPPORTED
-    return NO_DATA
+    if NO_DATA in verdicts:
+        return NO_DATA
+    if all(v == NO_SIGNAL for v in verdicts):
+        return NO_SIGNAL
+    return INCONCLUSIVE
 
 
-def evaluate_group(group: dict, table: pd.DataFrame) -> dict:
+def evaluate_group(
+    group: dict, table: pd.DataFrame, scale: str, floors: dict, test_puzzles: int | None
+) -> dict:
     """Every criterion of one group judged on the table, with the group's verdict and guide summary."""
-    criteria = [evaluate_criterion(c, group, table) for c in group["criteria"]]
+    criteria = [evaluate_criterion(c, group, table, scale, floors, test_puzzles) for c in group["criteria"]]
     return {
         "id": group["id"],
         "title": group["title"],
@@ -215,23 +141,77 @@ def _check_numbers(table: pd.DataFrame, metrics: list[str], source: str) -> None
             )
 
 
-def evaluate(groups: list[dict], table: pd.DataFrame, scale: str, source: str = "the results table") -> dict:
-    """Every criterion of every given group judged on the table, with the scale and its caveat."""
+def evaluate(
+    groups: list[dict],
+    table: pd.DataFrame,
+    scale: str,
+    test_puzzles: int | None,
+    source: str = "the results table",
+) -> dict:
+    """Every criterion of every given group judged on the table, with the scale and its caveat. `test_puzzles`:
+    the test split's size (the sampling interval of a single run's accuracy); None ignores sampling."""
     if scale not in SCALES:
         raise UserError(f"unknown scale {scale!r}: one of {', '.join(SCALES)}")
     metrics = sorted({c["metric"] for g in groups for c in g["criteria"]})
     absent = sorted(({"id"} | set(metrics)) - set(table.columns))
     if absent:
         raise UserError(f"{source} has no column {', '.join(absent)} (is it `trm aggregate`'s table?)")
+    # At the smoke scale a criterion may be judged on cell accuracy instead (judge.judged_metric).
+    metrics += sorted({CELL_FALLBACK[m] for m in metrics if m in CELL_FALLBACK and CELL_FALLBACK[m] in table})
     _check_numbers(table, metrics, source)
+    table = with_run_columns(table)
+    floors = noise_floors(table, metrics, reference_ids(table))
     return {
         "scale": scale,
         "note": SMOKE_NOTE if scale == "smoke" else "",
-        "groups": [evaluate_group(g, table) for g in groups],
+        "groups": [evaluate_group(g, table, scale, floors, test_puzzles) for g in groups],
     }
 
 
 # ---------------------------------------------------------------------------------------------------- outputs
+
+
+def outcome_counts(verdicts: list[str]) -> str:
+    """'2 supported, 1 inconclusive': how many of the given verdicts have each outcome (those that occur)."""
+    return ", ".join(f"{verdicts.count(v)} {v}" for v in OUTCOMES if v in verdicts)
+
+
+def _points(criterion: dict) -> str:
+    """Each member read: its mean, n and interval, with the sources of the intervals: 'a 0.39 [0.21, 0.57] (n=1),
+    ...; intervals: sampling only'."""
+    summaries = criterion["summaries"]
+    if not summaries:
+        return ""
+    parts = []
+    for member, s in summaries.items():
+        interval = (
+            f" [{s['low']:.3g}, {s['high']:.3g}]" if s["low"] is not None and s["high"] is not None else ""
+        )
+        mean = "not measured" if s["mean"] is None else f"{s['mean']:.3g}"
+        parts.append(f"{member} {mean}{interval} (n={s['n']})")
+    sources = ", ".join(dict.fromkeys(s["source"] for s in summaries.values()))
+    return f"{'; '.join(parts)}; intervals: {sources}"
+
+
+def criterion_lines(criterion: dict) -> list[str]:
+    """A criterion as text: its verdict and claim, then the metric judged (or the caveat of a replaced one), the
+    points read with their n, and the differences judged."""
+    lines = [
+        f"{criterion['verdict']}: {criterion['text'].rstrip('.')}",
+        criterion["caveat"] or f"judged on {criterion['metric']}",
+    ]
+    points = _points(criterion)
+    if points:
+        lines.append(f"points: {points}")
+    lines.append(criterion["detail"])
+    return lines
+
+
+def _bullet(criterion: dict, escape=lambda text: text) -> str:
+    """One markdown or reStructuredText list item (`escape`: _rst for the latter)."""
+    head, *rest = criterion_lines(criterion)
+    verdict, text = head.split(": ", 1)
+    return f"- **{verdict}**: {escape(text)}. " + ". ".join(escape(line) for line in rest) + "."
 
 
 def to_markdown(result: dict) -> str:
@@ -241,14 +221,17 @@ def to_markdown(result: dict) -> str:
         lines += [f"> **{result['note']}**", ""]
     lines += [
         "Written by `trm verdicts` from the results table and the criteria of config/groups.yaml; each group's",
-        "guide is docs/experiments/<group>.md.",
+        "guide is docs/experiments/<group>.md. A criterion is decided only when the 95% interval of the difference",
+        "it tests excludes the other outcome (docs/statistics.md); n is the number of runs (seeds) of each point.",
         "",
-        "| group | title | verdict | criteria supported |",
+        "| group | title | verdict | criteria |",
         "|---|---|---|---|",
     ]
     for g in result["groups"]:
-        supported = sum(c["verdict"] == SUPPORTED for c in g["criteria"])
-        lines.append(f"| {g['id']} | {g['title']} | {g['verdict']} | {supported} of {len(g['criteria'])} |")
+        counts = outcome_counts([c["verdict"] for c in g["criteria"]])
+        lines.append(f"| {g['id']} | {g['title']} | {g['verdict']} | {counts} |")
+    every = [c["verdict"] for g in result["groups"] for c in g["criteria"]]
+    lines += ["", f"All criteria: {outcome_counts(every)}."]
     for g in result["groups"]:
         lines += [
             "",
@@ -259,7 +242,7 @@ def to_markdown(result: dict) -> str:
             f"**Expected.** {g['expected']}",
             "",
         ]
-        lines += [f"- **{c['verdict']}**: {c['text']} ({c['detail']})" for c in g["criteria"]]
+        lines += [_bullet(c) for c in g["criteria"]]
     return "\n".join(lines) + "\n"
 
 
@@ -272,17 +255,18 @@ def _rst(text: str) -> str:
 
 def group_rst(group: dict, result: dict) -> str:
     """OUTPUT/<group>.rst: what the report shows under the group's plot."""
+    counts = outcome_counts([c["verdict"] for c in group["criteria"]])
     lines = [
         f"**Hypothesis.** {_rst(group['hypothesis'])}",
         "",
         f"**Expected.** {_rst(group['expected'])}",
         "",
-        f"**Verdict at the {result['scale']} scale: {group['verdict']}.**",
+        f"**Verdict at the {result['scale']} scale: {group['verdict']}.** Criteria: {counts}.",
     ]
     if result["note"]:
         lines[-1] += f" *{_rst(result['note'])}*"
     lines.append("")
-    lines += [f"- **{c['verdict']}**: {_rst(c['text'])} ({_rst(c['detail'])})" for c in group["criteria"]]
+    lines += [_bullet(c, _rst) for c in group["criteria"]]
     return "\n".join(lines) + "\n"
 
 
@@ -293,11 +277,8 @@ def summary_rst(result: dict) -> str:
         lines[0] += f" *{_rst(result['note'])}*"
     lines.append("")
     for g in result["groups"]:
-        supported = sum(c["verdict"] == SUPPORTED for c in g["criteria"])
-        lines.append(
-            f"- {_rst(g['id'])} ({_rst(g['title'])}): **{g['verdict']}** "
-            f"({supported} of {len(g['criteria'])} criteria supported)"
-        )
+        counts = outcome_counts([c["verdict"] for c in g["criteria"]])
+        lines.append(f"- {_rst(g['id'])} ({_rst(g['title'])}): **{g['verdict']}** (criteria: {counts})")
     return "\n".join(lines) + "\n"
 
 
@@ -322,6 +303,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--table", required=True, help="the results table, table.csv of `trm aggregate`")
     parser.add_argument("--groups", required=True, type=Path, help="config/groups.yaml")
     parser.add_argument("--scale", required=True, choices=SCALES, help="the scale the runs were trained at")
+    parser.add_argument(
+        "--test-puzzles",
+        type=int,
+        required=True,
+        help="test puzzles of one final evaluation (as for aggregate)",
+    )
     parser.add_argument("--output", required=True, type=Path, help="folder for the verdict files")
 
 
@@ -330,7 +317,7 @@ def main(args: argparse.Namespace) -> int:
     groups = _select(
         load_groups(args.groups, args.groups.parent / "experiments"), table, args.group, args.table
     )
-    result = evaluate(groups, table, args.scale, source=str(args.table))
+    result = evaluate(groups, table, args.scale, args.test_puzzles, source=str(args.table))
     files = {
         "verdicts.json": json.dumps(result, indent=2) + "\n",
         "verdicts.md": to_markdown(result),
@@ -339,10 +326,7 @@ def main(args: argparse.Namespace) -> int:
     }
     for name, text in files.items():
         storage.write_text(str(args.output / name), text)
-    counts = {
-        v: sum(g["verdict"] == v for g in result["groups"]) for v in (SUPPORTED, NOT_SUPPORTED, NO_DATA)
-    }
-    summary = ", ".join(f"{n} {v}" for v, n in counts.items())
+    summary = outcome_counts([g["verdict"] for g in result["groups"]])
     print(
         f"wrote verdicts.json, .md, .rst and {len(result['groups'])} group files to {args.output}: {summary}"
     )

@@ -145,8 +145,11 @@ def group_guide(group: dict, experiments_dir: Path) -> str:
         "## Success criteria",
         "",
         "`trm verdicts` judges each on the results table (`results/<scale>/verdicts/verdicts.md`, and under "
-        "the plot in the HTML report): supported, not supported, or not enough data when a member has not run or "
-        "did not measure the metric. Accuracies are fractions (0.01 is one point).",
+        "the plot in the HTML report) against the uncertainty of the differences it tests (docs/statistics.md): "
+        "supported or not supported only when the 95% interval excludes the other outcome, otherwise "
+        "inconclusive (with about how many seeds per point would resolve it); no signal when the metric is the "
+        "same for every run read; not enough data when a member has not run or did not measure the metric. "
+        "Accuracies are fractions (0.01 is one point).",
         "",
     ]
     for n, criterion in enumerate(group["criteria"], start=1):
@@ -204,8 +207,11 @@ def _metrics_section() -> list[str]:
         "## Metrics",
         "",
         "Defined once in trm/study/metrics.py. A group's plots and criteria (config/groups.yaml) name the run",
-        "metrics (the columns of `results/<scale>/table.csv`, one row per experiment; a plot's x may also be a",
+        "metrics (the columns of `results/<scale>/table.csv`, one row per run; a plot's x may also be a",
         "config key, `member` or, for curves, `epoch`). `best_is_one_of` and Pareto fronts use the better direction.",
+        "For each metric a run reports, the table also gives its experiment's `<metric>_mean`, `_sd`, `_n`, `_low`,",
+        "`_high` (the 95% interval) and `_interval` (where the interval comes from: seeds, the noise floor, the test",
+        "split's sampling; docs/statistics.md); the plots draw the mean with that interval and every run.",
         "There is no accuracy of the raw (non-EMA) weights of an EMA run: the trainer evaluates the weights it",
         "checkpoints (the EMA weights when EMA is on, as the original does), and exp08 compares runs trained with and",
         "without EMA, as the paper's 79.9% vs 87.4% does.",

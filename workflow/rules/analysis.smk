@@ -52,13 +52,14 @@ rule verdicts:
     params:
         trm=TRM,
         scale=config["scale"],
+        test_puzzles=TEST_PUZZLES[config["scale"]],
         groups=SELECTED_GROUPS,
         folder=lambda wildcards, output: os.path.dirname(output.json),
     log:
         os.path.join(RESULTS, "logs", "verdicts.log"),
     shell:
         "{params.trm:q} verdicts {params.groups:q} --table {input.csv:q} --groups {input.groups:q} "
-        "--scale {params.scale:q} --output {params.folder:q} > {log:q} 2>&1"
+        "--scale {params.scale:q} --test-puzzles {params.test_puzzles:q} --output {params.folder:q} > {log:q} 2>&1"
 
 
 rule plot_group:
