@@ -16,7 +16,7 @@ from tiny_run import TRAINED, set_flags
 
 from trm.cli import main as trm
 from trm.data.manifest import write_build_record
-from trm.train.evaluate import load_eval_split
+from trm.train.evaluate_checkpoint import load_eval_split
 from trm.train.evaluator import Evaluator, evaluate
 from trm.train.step import Model
 from trm.train.test_time import run_test_time_evaluation

@@ -16,7 +16,7 @@ from trm.data.format import SplitData, sudoku_metadata
 from trm.study.estimate import evaluation_passes
 from trm.study.settings import check_settings, load_schema
 from trm.train import test_time
-from trm.train.evaluate import load_eval_split
+from trm.train.evaluate_checkpoint import load_eval_split
 from trm.train.evaluator import Evaluator, evaluate
 from trm.train.step import Model
 from trm.train.test_time import SUBSET_SEED, run_test_time_evaluation, subset_groups, take_groups

@@ -1,5 +1,5 @@
 """The one evaluation of a model, used by the trainer (its evaluations during and at the end of training) and by
-`trm evaluate` (test-time scaling, trm/train/evaluate.py).
+`trm evaluate` (test-time scaling, trm/train/evaluate_checkpoint.py).
 
 Every puzzle starts from a fresh carry and runs max(counts) supervision steps; the carry after step k is the
 start of step k + 1, so the figures for every requested count k come from the same pass. As in the original's
