@@ -115,7 +115,7 @@ def test_two_hosts_train_exactly_like_one_host_with_the_same_devices(easy_data, 
     """
     from trm.data.format import load_split
     from trm.data.verify import fetch_dataset
-    from trm.train.data import TrainBatches
+    from trm.train.batches import TrainBatches
 
     runs = {}
     for hosts, devices in ((2, 1), (1, 2)):
@@ -235,7 +235,7 @@ STEP_PROBE = textwrap.dedent(
     from trm.data.format import load_split
     from trm.data.verify import fetch_dataset
     from trm.model.config import ModelConfig
-    from trm.train.data import TrainBatches
+    from trm.train.batches import TrainBatches
     from trm.train.step import Model, TrainStep, init_state
 
     data, cache, sets = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])

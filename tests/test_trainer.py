@@ -184,7 +184,7 @@ def test_exploration_probability_reaches_the_compiled_step(easy_data, tmp_path):
     from trm.data.format import load_split
     from trm.data.verify import fetch_dataset
     from trm.model.config import ModelConfig
-    from trm.train.data import TrainBatches
+    from trm.train.batches import TrainBatches
     from trm.train.step import Model, TrainStep, init_state
 
     config = tiny_config()
@@ -210,7 +210,7 @@ def test_runs_differing_in_learning_rates_ema_rate_or_length_share_one_program(e
     from trm.data.format import load_split
     from trm.data.verify import fetch_dataset
     from trm.model.config import ModelConfig
-    from trm.train.data import TrainBatches
+    from trm.train.batches import TrainBatches
     from trm.train.step import Model, TrainStep, init_state
 
     split = load_split(fetch_dataset(easy_data, tmp_path / "cache"), "train")
@@ -300,7 +300,7 @@ def test_remat_recomputes_the_differentiated_recursion_with_the_same_gradients(e
     from trm.data.format import load_split
     from trm.data.verify import fetch_dataset
     from trm.model.config import ModelConfig
-    from trm.train.data import TrainBatches
+    from trm.train.batches import TrainBatches
     from trm.train.step import Model, TrainStep, init_state
 
     sets = {"arch.hidden_size": 64, "arch.L_cycles": 4, "train.global_batch_size": 16}

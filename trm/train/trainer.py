@@ -19,8 +19,8 @@ from trm.model.config import ModelConfig
 from trm.run import distributed, layout
 from trm.run.state import EXIT_PREEMPTED, TrainerStatus
 from trm.run.timing import Timings
+from trm.train.batches import TrainBatches
 from trm.train.checkpoint import Checkpointer
-from trm.train.data import TrainBatches
 from trm.train.ema import eval_params
 from trm.train.evaluator import Evaluator, evaluate
 from trm.train.hostlog import HostLog
