@@ -44,13 +44,13 @@ from trm.run.distributed import batch_sharded, data_mesh, put_global, put_host_r
 from trm.train.batches import IGNORE_LABEL, eval_batches
 from trm.train.loss import CROSS_ENTROPY
 from trm.train.records import EVAL_STATS
-from trm.train.step import Model
+from trm.train.step import ModelTemplate
 
 
 class Evaluator:
     """Per-puzzle statistics after each of `counts` supervision steps, on a mesh (default: every device)."""
 
-    def __init__(self, model: Model, counts: Sequence[int], mesh: Mesh | None = None) -> None:
+    def __init__(self, model: ModelTemplate, counts: Sequence[int], mesh: Mesh | None = None) -> None:
         self.model = model
         self.counts = tuple(sorted(set(counts)))
         self.mesh = data_mesh() if mesh is None else mesh

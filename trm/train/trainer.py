@@ -26,7 +26,7 @@ from trm.train.evaluator import Evaluator, evaluate
 from trm.train.hostlog import HostLog
 from trm.train.records import MetricsLog, MetricWindow, best_evaluation, halt_step_moments
 from trm.train.schedule import cycles_at, halt_exploration_at
-from trm.train.step import Model, TrainState, TrainStep, check_train_config, init_state
+from trm.train.step import ModelTemplate, TrainState, TrainStep, check_train_config, init_state
 from trm.train.test_time import run_test_time_evaluation
 
 
@@ -85,7 +85,7 @@ class Trainer:
             self.process_count,
         )
         self.total_steps = (tc["epochs"] // tc["eval_interval"]) * self.batches.batches_per_iter
-        self.model = Model(self.model_cfg, seed=tc["seed"])
+        self.model = ModelTemplate(self.model_cfg, seed=tc["seed"])
         self.train_step = TrainStep(self.model, config, self.total_steps, self.mesh)
         self.evaluator = Evaluator(self.model, (tc["eval_steps"],), self.mesh)
         self.checkpoints = Checkpointer(
