@@ -257,9 +257,9 @@ def _supervise(
 
 
 def check(job: Job) -> None:
-    """Nothing to check: any storage URL works for processes on this machine (registry of trm/launch/cli.py)."""
+    """Nothing to check: any storage URL works for processes on this machine (registry: launch_command.py)."""
 
 
 def launch(job: Job, train_args: list[str], lease_lost: threading.Event) -> int:
-    """Entry point of the registry in trm/launch/cli.py."""
+    """Entry point of the registry in trm/launch/launch_command.py."""
     return run_hosts(job.hosts, job.devices_per_host, train_args, lease_lost)

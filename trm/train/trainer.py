@@ -1,4 +1,4 @@
-"""The training loop of one run: resume, train, evaluate, checkpoint, write the markers (see trm/train/cli.py)."""
+"""One run's training loop: resume, train, evaluate, checkpoint, write the markers (see trm/train/train_command.py)."""
 
 from __future__ import annotations
 
