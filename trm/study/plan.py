@@ -38,16 +38,11 @@ class Experiment:
     group: str
     path: Path  # config/experiments/<id>.yaml
     config: dict  # resolved: base <- experiment file, then the scale's rules
-    hash: str  # config_hash(config): names the run directory
+    hash: str  # config_hash(config): names the run directory, so experiments with equal configs share one run
 
     @property
     def dataset(self) -> str:
         return dataset_name(self.config)
-
-    @property
-    def run_name(self) -> str:
-        """The run directory's name: the config hash, so experiments with equal configs share one run."""
-        return self.hash
 
 
 def dataset_name(config: dict) -> str:
@@ -147,9 +142,9 @@ def config_at_scale(paper: dict, scale: str, source: str) -> dict:
     return config
 
 
-def run_dir_of(storage_root: str, scale: str, run_name: str) -> str:
-    """The run dir of a run (`Experiment.run_name`) of the study at `scale` below its `storage` setting."""
-    return storage.join(storage_root, scale, "runs", run_name)
+def run_dir_of(storage_root: str, scale: str, run_hash: str) -> str:
+    """The run dir of a run (`Experiment.hash`) of the study at `scale` below its `storage` setting."""
+    return storage.join(storage_root, scale, "runs", run_hash)
 
 
 def check_batches(plan: list[Experiment], devices: int, where: str) -> None:
