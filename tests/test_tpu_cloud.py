@@ -45,6 +45,14 @@ def _local_python_311() -> str:
 PYTHON_311 = _local_python_311()
 
 
+@pytest.fixture(autouse=True)
+def _lock_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pool's lock files and the records of created slices (trm/launch/slice_ledger.py) in the test's own
+    folder: the default, ~/.cache/trm/tpu-locks, is the user's."""
+    defaults = tpu_options.defaults()
+    monkeypatch.setattr(tpu_options, "defaults", lambda: {**defaults, "lock_dir": str(tmp_path / "locks")})
+
+
 def _options(**overrides) -> tpu_options.TpuOptions:
     settings = {
         **tpu_options.defaults(),
