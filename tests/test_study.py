@@ -307,10 +307,10 @@ def test_estimate_matches_the_spec_flops_of_a_paper_baseline_run():
 def test_a_report_without_a_selection_reports_the_runs_of_the_last_table(tmp_path, capsys):
     table = tmp_path / "results/smoke/table.csv"
     table.parent.mkdir(parents=True)
-    table.write_text("id,group\nexp01a,exp01\nref_paper,reference\n")
+    table.write_text("id,group\nexp01a,exp01\nref_paper,reference\nexp01a,exp01\n")  # 2 seeds of exp01a
     reported = study(tmp_path, reporting=True)
     assert list(reported.plan) == ["exp01a", "ref_paper"] and reported.config["groups"] == "all"
-    assert "report: the runs of " in capsys.readouterr().err
+    assert f"report: the runs of {table} (exp01a, ref_paper);" in capsys.readouterr().err
     assert sum(not exp.replicate for exp in study(tmp_path).plan.values()) == 68  # not a report
     assert (
         list(study(tmp_path, {"groups": ["exp06"]}, reporting=True).plan)[0] == "exp06_a"

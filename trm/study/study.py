@@ -210,7 +210,7 @@ class Study:
         if not reporting or chosen or not os.path.isfile(table):
             return None
         with open(table, newline="") as stream:
-            ids = [row["id"] for row in csv.DictReader(stream) if row.get("id")]
+            ids = list(dict.fromkeys(row["id"] for row in csv.DictReader(stream) if row.get("id")))
         print(
             f"report: the runs of {table} ({', '.join(ids)}); --config experiments=[...] reports others",
             file=sys.stderr,
