@@ -188,7 +188,9 @@ class Study:
         for field, ids in known.items():
             if unknown := sorted(set(setting[field]) - set(ids)):
                 where = self.source_of(f"{key}.{field}")
-                raise UserError(f"{where}: {key}.{field}: no {field[:-1]} {', '.join(unknown)} (config/groups.yaml)")
+                raise UserError(
+                    f"{where}: {key}.{field}: no {field[:-1]} {', '.join(unknown)} (config/groups.yaml)"
+                )
         baselines = {g["baseline"] for g in table}
         return {
             exp.id: setting["experiments"].get(exp.id)
