@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 from test_aggregate import _summary
-from test_study import refused, study
+from test_study import REPO, refused, study
 from workflow_support import copy_workflow
 
 from trm.analysis.uncertainty import FLOOR_AND_SAMPLING, SEEDS
@@ -60,7 +60,7 @@ def test_group_and_experiment_overrides(tmp_path):
 
 def test_a_bad_override_is_one_line_naming_the_setting(tmp_path):
     message = refused(tmp_path, {"replicates": {"smoke": {"groups": {"exp99": 2}}}})
-    assert message == "--config: replicates.smoke.groups: no group exp99 (config/groups.yaml)"
+    assert message == f"--config: replicates.smoke.groups: no group exp99 in {REPO / 'config/groups.yaml'}"
     message = refused(tmp_path, {"replicates": {"smoke": {"experiments": {"exp01z": 2, "exp01y": 3}}}})
     assert message.startswith("--config: replicates.smoke.experiments: no experiment exp01y, exp01z")
     message = refused(tmp_path, {"replicates": {"smoke": {"default": 0}}})

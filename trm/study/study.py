@@ -184,12 +184,15 @@ class Study:
         key = f"replicates.{self.scale}"
         setting = self.config["replicates"][self.scale]
         table = load_groups(groups_path, self.experiments_dir)
-        known = {"groups": [g["id"] for g in table], "experiments": experiment_ids(self.experiments_dir)}
-        for field, ids in known.items():
+        known = {
+            "groups": ([g["id"] for g in table], groups_path),
+            "experiments": (experiment_ids(self.experiments_dir), self.experiments_dir),
+        }
+        for field, (ids, listed_in) in known.items():
             if unknown := sorted(set(setting[field]) - set(ids)):
                 where = self.source_of(f"{key}.{field}")
                 raise UserError(
-                    f"{where}: {key}.{field}: no {field[:-1]} {', '.join(unknown)} (config/groups.yaml)"
+                    f"{where}: {key}.{field}: no {field[:-1]} {', '.join(unknown)} in {listed_in}"
                 )
         baselines = {g["baseline"] for g in table}
         return {
