@@ -16,8 +16,10 @@ from workflow_support import copy_workflow
 
 from trm.analysis.uncertainty import FLOOR_AND_SAMPLING, SEEDS
 from trm.cli import main as trm_main
+from trm.run import state as runstate
 from trm.study.groups import GROUPS_PATH
-from trm.study.plan import plan_study
+from trm.study.plan import plan_study, replicate_of
+from trm.study.status import collect
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
@@ -125,3 +127,15 @@ def test_a_dry_run_shows_the_replicate_jobs(tmp_path):
         assert f"train {run_id}: estimated on the job's 1 devices" in output
         assert f"out/smoke/runs/{run_id}.json" in output
     assert "; replicate 1 of exp01c (train.seed 1)" in output
+
+
+def test_trm_status_names_a_replicates_run(tmp_path):
+    (exp,) = plan_study("smoke", ["exp01c"])
+    root = tmp_path / "storage"
+    for run in (exp, replicate_of(exp, 2)):
+        run_dir = str(root / "smoke" / "runs" / run.hash)
+        runstate.write_status(run_dir, {"state": "running", "config_hash": run.hash})
+    seeds = {"smoke": {"default": 1, "baseline": 3, "groups": {}, "experiments": {}}}
+    names = [name for name, _ in collect(str(root), stale_after_s=600, replicates=seeds)]
+    assert [name.split(" (+")[0] for name in names] == ["exp01c", "exp01c~s2"]
+    assert all(name.endswith("same config)") for name in names)  # every group's baseline shares them
