@@ -19,7 +19,7 @@ import numpy as np
 from trm.config import load_config
 from trm.data.format import sudoku_metadata
 from trm.model.config import ModelConfig
-from trm.train.step import Model, TrainStep, init_state
+from trm.train.step import ModelTemplate, TrainStep, init_state
 
 CASES = [1, 2, 4]  # micro_batches
 
@@ -46,7 +46,7 @@ def main() -> None:
             f"train.micro_batches={micro_batches}",
         ]
         config = load_config("config/base.yaml", sets, base=None)
-        model = Model(ModelConfig.from_dict(config["arch"], sudoku_metadata(1000)), seed=0)
+        model = ModelTemplate(ModelConfig.from_dict(config["arch"], sudoku_metadata(1000)), seed=0)
         step = TrainStep(model, config, total_steps=1000)
         state = init_state(model, config, args.batch)
         cycles = (config["arch"]["H_cycles"], config["arch"]["L_cycles"])

@@ -54,11 +54,11 @@ def run_ours(batch: int, steps: int, warmup: int) -> dict:
     from trm.config import load_config
     from trm.model.config import ModelConfig
     from trm.model.flops import flops_per_example_step
-    from trm.train.step import Model, TrainStep, init_state
+    from trm.train.step import ModelTemplate, TrainStep, init_state
 
     config = load_config(None, [f"train.global_batch_size={batch}"])
     cfg = ModelConfig.from_dict(config["arch"], SUDOKU_META)
-    model = Model(cfg, seed=0)
+    model = ModelTemplate(cfg, seed=0)
     train_step = TrainStep(model, config, TOTAL_STEPS)
     state = init_state(model, config, batch)
     exploration, cycles = jnp.float32(cfg.halt_exploration_prob), (cfg.H_cycles, cfg.L_cycles)

@@ -1,7 +1,7 @@
 """Benchmark: throughput of the real fused train step (trm.train.step.TrainStep) on this machine's CPU.
 
 For each case (hidden width, forward dtype) of the Sudoku MLP-T baseline, builds the model, optimizers and
-state exactly as the trainer does (load_config over config/base.yaml, Model, TrainStep, init_state), feeds
+state exactly as the trainer does (load_config over config/base.yaml, ModelTemplate, TrainStep, init_state), feeds
 random Sudoku-shaped batches and times steady-state steps. In the same run it times a plain jitted square
 matmul of the same total FLOP count as one train step and, on request, the PyTorch side:
 
@@ -53,7 +53,7 @@ from trm.launch.local import MALLOC_HUGE_PAGES, with_tunable
 from trm.model.config import ModelConfig
 from trm.model.flops import flops_per_example_step
 from trm.model.layers import swiglu_width
-from trm.train.step import Model, TrainStep, init_state
+from trm.train.step import ModelTemplate, TrainStep, init_state
 
 SUDOKU_META = sudoku_metadata(1)
 TOTAL_STEPS = 100_000  # only shapes the lr schedule; warm-up is irrelevant to throughput
@@ -212,7 +212,7 @@ class JaxTrainStep:
         ]
         config = load_config(None, overrides)
         self.cfg = cfg = ModelConfig.from_dict(config["arch"], SUDOKU_META)
-        model = Model(cfg, seed=0)
+        model = ModelTemplate(cfg, seed=0)
         self.train_step = TrainStep(model, config, TOTAL_STEPS)
         self.state = init_state(model, config, batch)
         self.cycles = (cfg.H_cycles, cfg.L_cycles)

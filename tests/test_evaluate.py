@@ -16,9 +16,9 @@ from tiny_run import TRAINED, set_flags
 
 from trm.cli import main as trm
 from trm.data.manifest import write_build_record
-from trm.train.evaluate import load_eval_split
+from trm.train.evaluate_checkpoint import load_eval_split
 from trm.train.evaluator import Evaluator, evaluate
-from trm.train.step import Model
+from trm.train.step import ModelTemplate
 from trm.train.test_time import run_test_time_evaluation
 from trm.train.weights import load_weights
 
@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _evaluate(weights, split, counts: tuple[int, ...], batch_size: int) -> list[dict]:
-    evaluator = Evaluator(Model(weights.model_cfg, seed=0), counts)
+    evaluator = Evaluator(ModelTemplate(weights.model_cfg, seed=0), counts)
     on_device = evaluator.put_weights(weights.params, weights.puzzle_emb, weights.buffers)
     return evaluate(evaluator, on_device, split, batch_size)
 
@@ -59,7 +59,7 @@ def test_a_stopped_final_evaluation_continues_where_it_stopped(trained, tmp_path
     shutil.copytree(trained["run"], run)
     weights = load_weights(str(run))
     split = load_eval_split(str(trained["built"]), "test", str(trained["cache"]))
-    evaluator = Evaluator(Model(weights.model_cfg, seed=0), (2,))
+    evaluator = Evaluator(ModelTemplate(weights.model_cfg, seed=0), (2,))
     on_device = evaluator.put_weights(weights.params, weights.puzzle_emb, weights.buffers)
     summary = {"checkpoint": str(run), "checkpoint_step": weights.step, "weights": weights.source}
     # The trainer evaluated train.eval_steps = 2; counts 3 and 5 are new. 12 test puzzles: 2 batches of 6.

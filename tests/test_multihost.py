@@ -115,7 +115,7 @@ def test_two_hosts_train_exactly_like_one_host_with_the_same_devices(easy_data, 
     """
     from trm.data.format import load_split
     from trm.data.verify import fetch_dataset
-    from trm.train.data import TrainBatches
+    from trm.train.batches import TrainBatches
 
     runs = {}
     for hosts, devices in ((2, 1), (1, 2)):
@@ -235,15 +235,15 @@ STEP_PROBE = textwrap.dedent(
     from trm.data.format import load_split
     from trm.data.verify import fetch_dataset
     from trm.model.config import ModelConfig
-    from trm.train.data import TrainBatches
-    from trm.train.step import Model, TrainStep, init_state
+    from trm.train.batches import TrainBatches
+    from trm.train.step import ModelTemplate, TrainStep, init_state
 
     data, cache, sets = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     split = load_split(fetch_dataset(data, cache), "train")
     out = {}
     for name, (extra, probes) in sets.items():
         config = load_config(BASE_CONFIG, [f"{k}={v}" for k, v in extra.items()], base=None)
-        model = Model(ModelConfig.from_dict(config["arch"], split.metadata), seed=0)
+        model = ModelTemplate(ModelConfig.from_dict(config["arch"], split.metadata), seed=0)
         step = TrainStep(model, config, total_steps=10)
         state = init_state(model, config, 16)
         batch = TrainBatches(split, 16, 1, seed=0).batch(0).as_dict()

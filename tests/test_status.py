@@ -108,7 +108,7 @@ def test_runs_are_named_by_the_experiments_sharing_their_config(tmp_path, capsys
     assert by_id["exp01c"].hash == by_id["exp02a_03"].hash  # both are the baseline
     root = tmp_path / "storage"
     for exp_id in ("exp01a", "exp01c"):
-        run_dir = str(root / "smoke" / "runs" / by_id[exp_id].run_name)
+        run_dir = str(root / "smoke" / "runs" / by_id[exp_id].hash)
         runstate.write_status(run_dir, {"state": "running", **_progress(1, config_hash=by_id[exp_id].hash)})
     names = [name for name, _ in collect(str(root), stale_after_s=600)]
     assert "exp01a" in names

@@ -16,9 +16,9 @@ from trm.data.format import SplitData, sudoku_metadata
 from trm.study.estimate import evaluation_passes
 from trm.study.settings import check_settings, load_schema
 from trm.train import test_time
-from trm.train.evaluate import load_eval_split
+from trm.train.evaluate_checkpoint import load_eval_split
 from trm.train.evaluator import Evaluator, evaluate
-from trm.train.step import Model
+from trm.train.step import ModelTemplate
 from trm.train.test_time import SUBSET_SEED, run_test_time_evaluation, subset_groups, take_groups
 from trm.train.weights import load_weights
 
@@ -94,7 +94,7 @@ def checkpoint(trained) -> dict:  # noqa: F811
     """The trained run's weights, its test split and one evaluator (compiled once for every test below)."""
     weights = load_weights(str(trained["run"]))
     split = load_eval_split(str(trained["built"]), "test", str(trained["cache"]))
-    evaluator = Evaluator(Model(weights.model_cfg, seed=0), COUNTS)
+    evaluator = Evaluator(ModelTemplate(weights.model_cfg, seed=0), COUNTS)
     on_device = evaluator.put_weights(weights.params, weights.puzzle_emb, weights.buffers)
     return {"weights": weights, "split": split, "evaluator": evaluator, "on_device": on_device, **trained}
 

@@ -18,7 +18,7 @@ from trm.errors import UserError
 from trm.model.act import initial_carry
 from trm.model.config import ModelConfig
 from trm.model.torch_io import params_to_state_dict, state_dict_to_params
-from trm.train.step import Model
+from trm.train.step import ModelTemplate
 from trm.train.weights import load_weights, write_run_dir
 
 TINY = {
@@ -114,7 +114,7 @@ def test_refuses_state_dicts_that_do_not_fit(change, message):
 
 def test_attention_file_with_an_mlp_t_config_is_refused_naming_the_key():
     attention = _config(**{"arch.mlp_t": "false", "arch.pos_encodings": "rope"})
-    model = Model(_model_cfg(attention), seed=0)
+    model = ModelTemplate(_model_cfg(attention), seed=0)
     sd = params_to_state_dict(
         model.init_params, model.init_puzzle_emb, model.init_buffers, forward_dtype=model.cfg.dtype
     )
@@ -122,7 +122,7 @@ def test_attention_file_with_an_mlp_t_config_is_refused_naming_the_key():
         state_dict_to_params(sd, _model_cfg(_config()), source="attn.pt")
 
 
-def _logits(model: Model, params, puzzle_emb, buffers) -> np.ndarray:
+def _logits(model: ModelTemplate, params, puzzle_emb, buffers) -> np.ndarray:
     module = model.bind(params, puzzle_emb, buffers)
     inputs = jnp.asarray(np.random.default_rng(2).integers(1, 11, (2, 81)), jnp.int32)
     carry = initial_carry(module, 2)
@@ -134,7 +134,7 @@ def _logits(model: Model, params, puzzle_emb, buffers) -> np.ndarray:
 @pytest.mark.parametrize("arch", [{}, {"arch.mlp_t": "false", "arch.pos_encodings": "rope"}])
 def test_round_trip_in_memory_gives_identical_params_and_logits(arch):
     config = _config(**arch)
-    model = Model(_model_cfg(config), seed=3)
+    model = ModelTemplate(_model_cfg(config), seed=3)
     # A trained-looking puzzle embedding, so that it is not all zeros.
     puzzle_emb = np.random.default_rng(4).standard_normal(model.init_puzzle_emb.shape).astype(np.float32)
     sd = params_to_state_dict(
@@ -154,7 +154,7 @@ def test_export_then_import_through_the_cli(tmp_path):
     import torch  # the dev extra installs it; a skip would fail the session anyway (tests/conftest.py)
 
     config = _config()
-    model = Model(_model_cfg(config), seed=5)
+    model = ModelTemplate(_model_cfg(config), seed=5)
     params = jax.tree.map(lambda x: x + 0.01, model.init_params)  # differ from any fresh init
     write_run_dir(
         str(tmp_path / "ours"), config, model.cfg, params, model.init_puzzle_emb, model.init_buffers, {}
@@ -198,7 +198,7 @@ def test_float32_start_states_of_an_original_float32_run_keep_their_values(tmp_p
     import torch  # the dev extra installs it; a skip would fail the session anyway (tests/conftest.py)
 
     config = _config()  # forward_dtype float32
-    model = Model(_model_cfg(config), seed=9)
+    model = ModelTemplate(_model_cfg(config), seed=9)
     start = _float32_start_states(np.random.default_rng(9), model.cfg.hidden_size)
     sd = params_to_state_dict(model.init_params, model.init_puzzle_emb, start, forward_dtype=np.float32)
     torch.save({k: torch.from_numpy(np.array(v)) for k, v in sd.items()}, tmp_path / "orig.pt")
@@ -263,7 +263,7 @@ def test_trm_train_fine_tunes_an_imported_run_dir(tmp_path):
     config = _config(
         **{"arch.L_layers": 1, "train.epochs": 1, "train.eval_interval": 1, "train.eval_subset": 4}
     )
-    model = Model(_model_cfg(config), seed=8)
+    model = ModelTemplate(_model_cfg(config), seed=8)
     start = _float32_start_states(np.random.default_rng(8), model.cfg.hidden_size)
     sd = params_to_state_dict(model.init_params, model.init_puzzle_emb, start, forward_dtype=np.float32)
     torch.save({k: torch.from_numpy(np.array(v, np.float32)) for k, v in sd.items()}, tmp_path / "orig.pt")

@@ -184,12 +184,12 @@ def test_exploration_probability_reaches_the_compiled_step(easy_data, tmp_path):
     from trm.data.format import load_split
     from trm.data.verify import fetch_dataset
     from trm.model.config import ModelConfig
-    from trm.train.data import TrainBatches
-    from trm.train.step import Model, TrainStep, init_state
+    from trm.train.batches import TrainBatches
+    from trm.train.step import ModelTemplate, TrainStep, init_state
 
     config = tiny_config()
     split = load_split(fetch_dataset(easy_data, tmp_path / "cache"), "train")
-    model = Model(ModelConfig.from_dict(config["arch"], split.metadata), seed=0)
+    model = ModelTemplate(ModelConfig.from_dict(config["arch"], split.metadata), seed=0)
     batch = TrainBatches(split, 8, 1, seed=0).batch(0).as_dict()
     step = TrainStep(model, config, total_steps=10)
     halted = {}
@@ -210,8 +210,8 @@ def test_runs_differing_in_learning_rates_ema_rate_or_length_share_one_program(e
     from trm.data.format import load_split
     from trm.data.verify import fetch_dataset
     from trm.model.config import ModelConfig
-    from trm.train.data import TrainBatches
-    from trm.train.step import Model, TrainStep, init_state
+    from trm.train.batches import TrainBatches
+    from trm.train.step import ModelTemplate, TrainStep, init_state
 
     split = load_split(fetch_dataset(easy_data, tmp_path / "cache"), "train")
     batch = TrainBatches(split, 8, 1, seed=0).batch(0).as_dict()
@@ -223,7 +223,7 @@ def test_runs_differing_in_learning_rates_ema_rate_or_length_share_one_program(e
     programs = {}
     for name, (sets, total_steps) in variants.items():
         config = tiny_config(sets)
-        model = Model(ModelConfig.from_dict(config["arch"], split.metadata), seed=0)
+        model = ModelTemplate(ModelConfig.from_dict(config["arch"], split.metadata), seed=0)
         step = TrainStep(model, config, total_steps=total_steps)
         state = init_state(model, config, 8)
         programs[name] = step.lower(state, batch, 0.1, (2, 2), update=3).as_text()
@@ -300,8 +300,8 @@ def test_remat_recomputes_the_differentiated_recursion_with_the_same_gradients(e
     from trm.data.format import load_split
     from trm.data.verify import fetch_dataset
     from trm.model.config import ModelConfig
-    from trm.train.data import TrainBatches
-    from trm.train.step import Model, TrainStep, init_state
+    from trm.train.batches import TrainBatches
+    from trm.train.step import ModelTemplate, TrainStep, init_state
 
     sets = {"arch.hidden_size": 64, "arch.L_cycles": 4, "train.global_batch_size": 16}
     split = load_split(fetch_dataset(easy_data, tmp_path / "cache"), "train")
@@ -309,7 +309,7 @@ def test_remat_recomputes_the_differentiated_recursion_with_the_same_gradients(e
     grads, matmuls = {}, {}
     for remat in (False, True):
         config = tiny_config({**sets, "train.remat": remat})
-        model = Model(ModelConfig.from_dict(config["arch"], split.metadata), seed=0)
+        model = ModelTemplate(ModelConfig.from_dict(config["arch"], split.metadata), seed=0)
         step = TrainStep(model, config, total_steps=10)
         state = init_state(model, config, 16)
         grads[remat] = step.gradients(state, batch, 0.0, (2, 4))[2]

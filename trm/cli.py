@@ -26,11 +26,20 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Resolve, validate and print a run config (base <- experiment <- --set).",
     ),
     "model-info": ("trm.model.info", "Print the parameter count and FLOPs of a model configuration."),
-    "train": ("trm.train.cli", "Train a TRM on a staged dataset, resuming from the latest checkpoint."),
-    "evaluate": ("trm.train.evaluate", "Evaluate a checkpoint at several test-time step counts (JSON, CSV)."),
+    "train": (
+        "trm.train.train_command",
+        "Train a TRM on a staged dataset, resuming from the latest checkpoint.",
+    ),
+    "evaluate": (
+        "trm.train.evaluate_checkpoint",
+        "Evaluate a checkpoint at several test-time step counts (JSON, CSV).",
+    ),
     "import-torch": ("trm.train.import_torch", "Import an original PyTorch TRM checkpoint as a run dir."),
     "export-torch": ("trm.train.export_torch", "Export a run dir's model as an original PyTorch state_dict."),
-    "launch": ("trm.launch.cli", "Run `trm train` on every host of a job (local processes or a TPU slice)."),
+    "launch": (
+        "trm.launch.launch_command",
+        "Run `trm train` on every host of a job (local processes or a TPU slice).",
+    ),
     "preflight": (
         "trm.launch.preflight",
         "Check gcloud, credentials, bucket, TPU API, slices, ssh for a TPU study.",

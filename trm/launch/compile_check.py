@@ -171,13 +171,13 @@ def lowered_steps(config: dict, chip: Accelerator) -> LoweredSteps:
     from trm.model.flops import flops_per_example_step, forward_flops_per_example_step
     from trm.run.distributed import DATA_AXIS, replicated
     from trm.train.evaluator import Evaluator
-    from trm.train.step import Model, TrainStep, abstract_batch, abstract_state
+    from trm.train.step import ModelTemplate, TrainStep, abstract_batch, abstract_state
 
     if problem := batch_split_problem(config["train"], len(devices)):
         raise UserError(problem)
     mesh = Mesh(np.array(devices), (DATA_AXIS,))
     cfg = ModelConfig.from_dict(config["arch"], sudoku_metadata(1))
-    model = Model(cfg, seed=0)
+    model = ModelTemplate(cfg, seed=0)
     rows = config["train"]["global_batch_size"]
     state = abstract_state(model, config, rows, mesh)
     batch = abstract_batch(cfg, rows, mesh)

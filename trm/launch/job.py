@@ -9,7 +9,7 @@ train rule runs `trm launch --job FILE`. A job file is canonical JSON with these
   run_dir           URL of the run directory
   test_time_steps   the supervision step counts of the final evaluation (trm/train/test_time.py), may be []
   test_time_subset  the test puzzles those counts are scored on (`trm train --test-time-subset`), null: all
-  backend           local or tpu-vm (trm/launch/cli.py)
+  backend           local or tpu-vm (trm/launch/launch_command.py)
   hosts, devices_per_host   the job's shape
   platform          what local hosts run on: cpu, gpu or auto (launch.platform; trm/platform.py)
   tpu               the tpu-vm backend's settings: the workflow's launch.tpu keys (trm/launch/tpu_options.py),

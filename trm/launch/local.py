@@ -257,11 +257,11 @@ def _supervise(
 
 
 def check(job: Job) -> None:
-    """Before the lease (registry of trm/launch/cli.py): the machine has the devices `job.platform` asks for. Any
+    """Before the lease (registry of trm/launch/launch_command.py): the machine has the devices `job.platform` asks for. Any
     storage URL works for processes on this machine."""
     host_gpus(job.platform, job.hosts, job.devices_per_host)
 
 
 def launch(job: Job, train_args: list[str], lease_lost: threading.Event) -> int:
-    """Entry point of the registry in trm/launch/cli.py."""
+    """Entry point of the registry in trm/launch/launch_command.py."""
     return run_hosts(job.hosts, job.devices_per_host, train_args, lease_lost, job.platform)

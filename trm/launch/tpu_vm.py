@@ -1,6 +1,6 @@
 """The tpu-vm backend: one training job on all hosts of a Cloud TPU slice, babysat until it finishes.
 
-Run on the controller (the machine running Snakemake), one launcher per job, after trm/launch/cli.py has written
+Run on the controller (the machine running Snakemake), one launcher per job, after trm/launch/launch_command.py has written
 the run's resolved config to RUN_DIR/config.json (every host trains that file, read from storage):
 
  1. Take a slice from the pool (the job file's `tpu.slices`; trm/launch/slice_pool.py): a lock file per slice on the
@@ -301,7 +301,7 @@ def _last_slice_first(slices: tuple[str, ...], run: Run) -> tuple[str, ...]:
 
 
 def launch(job: Job, host_args: list[str], lease_lost: threading.Event) -> int:
-    """Entry point of the registry in trm/launch/cli.py."""
+    """Entry point of the registry in trm/launch/launch_command.py."""
     options, run = tpu_options.check(job.tpu, _job_setting), job.run
     log(f"run {run.run_dir} (config {run.config_hash}), slices {list(options.slices)} in {options.zone}")
     previous = {sig: signal.signal(sig, _raise_cancelled) for sig in (signal.SIGTERM, signal.SIGINT)}

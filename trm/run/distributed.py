@@ -176,7 +176,7 @@ def _schedulable_cores() -> int:
 def data_mesh():
     """A one-axis mesh over every device of the job, each process's devices contiguous and in process order.
 
-    Contiguity makes process i's rows of a global batch the contiguous block i (see trm/train/data.py).
+    Contiguity makes process i's rows of a global batch the contiguous block i (see trm/train/batches.py).
     """
     import jax
     from jax.sharding import Mesh

@@ -39,7 +39,7 @@ class Experiment:
     group: str
     path: Path  # config/experiments/<id>.yaml
     config: dict  # resolved: base <- experiment file, then the scale's rules
-    hash: str  # config_hash(config): names the run directory
+    hash: str  # config_hash(config): names the run directory, so experiments with equal configs share one run
     replicate: int = 0  # k of replicate k (train.seed + k; id EXP~sK); 0: the experiment's own run
 
     @property
@@ -50,11 +50,6 @@ class Experiment:
     @property
     def dataset(self) -> str:
         return dataset_name(self.config)
-
-    @property
-    def run_name(self) -> str:
-        """The run directory's name: the config hash, so experiments with equal configs share one run."""
-        return self.hash
 
 
 # A replicate's id: EXP~s1, EXP~s2, ... (`~` appears in no experiment id: EXPERIMENT_ID in trm/config).
@@ -179,9 +174,9 @@ def config_at_scale(paper: dict, scale: str, source: str) -> dict:
     return config
 
 
-def run_dir_of(storage_root: str, scale: str, run_name: str) -> str:
-    """The run dir of a run (`Experiment.run_name`) of the study at `scale` below its `storage` setting."""
-    return storage.join(storage_root, scale, "runs", run_name)
+def run_dir_of(storage_root: str, scale: str, run_hash: str) -> str:
+    """The run dir of a run (`Experiment.hash`) of the study at `scale` below its `storage` setting."""
+    return storage.join(storage_root, scale, "runs", run_hash)
 
 
 def check_batches(plan: list[Experiment], devices: int, where: str) -> None:

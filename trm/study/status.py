@@ -274,7 +274,7 @@ def experiment_run_dir(exp_id: str, storage_root: str, scale: str) -> str:
 
     experiment_path(exp_id)  # an unknown id: named with the closest ones
     (exp,) = plan_study(scale, [exp_id], "all", source=f"--experiment {exp_id}")
-    return run_dir_of(storage_root, scale, exp.run_name)
+    return run_dir_of(storage_root, scale, exp.hash)
 
 
 def experiment_status(exp_id: str, run_dir: str, stale_after_s: float, as_json: bool) -> str:

@@ -250,7 +250,7 @@ class Study:
         return url_join(self.storage, "datasets", dataset)
 
     def run_url(self, exp_id: str) -> str:
-        return run_dir_of(self.config["storage"], self.scale, self.plan[exp_id].run_name)
+        return run_dir_of(self.config["storage"], self.scale, self.plan[exp_id].hash)
 
     def job_file(self, exp_id: str) -> str:
         """The job file of an experiment's run (shared by the experiments of that run)."""

@@ -2,7 +2,7 @@
 
 A checkpoint holds everything a resumed run needs to continue bit-for-bit: parameters, EMA, optimizer states, the
 ACT carry, the step and the RNG key, plus a small JSON record (config hash, epoch, wall time). Data order is a
-pure function of the step (see trm/train/data.py), so the step is the data position.
+pure function of the step (see trm/train/batches.py), so the step is the data position.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The one evaluation of a model, used by the trainer (its evaluations during and at the end of training) and by
-`trm evaluate` (test-time scaling, trm/train/evaluate.py).
+`trm evaluate` (test-time scaling, trm/train/evaluate_checkpoint.py).
 
 Every puzzle starts from a fresh carry and runs max(counts) supervision steps; the carry after step k is the
 start of step k + 1, so the figures for every requested count k come from the same pass. As in the original's
@@ -22,7 +22,7 @@ count both report are bit-identical. The statistics are summed on the host in fl
 rows were split over devices does not change how they are added.
 
 Data parallelism (`put_host_rows`, `_all_rows`): the rows of a batch are split over the mesh and each process
-feeds its own rows (trm/train/data.py), the weights are replicated; the program moves no rows between devices.
+feeds its own rows (trm/train/batches.py), the weights are replicated; the program moves no rows between devices.
 The host then gathers every row's statistics, so every process sums the same numbers in the same order.
 """
 
@@ -41,16 +41,16 @@ from trm.config import evaluation_batch
 from trm.data.format import SplitData
 from trm.model.act import act_step, initial_carry
 from trm.run.distributed import batch_sharded, data_mesh, put_global, put_host_rows, replicated
-from trm.train.data import IGNORE_LABEL, eval_batches
+from trm.train.batches import IGNORE_LABEL, eval_batches
 from trm.train.loss import CROSS_ENTROPY
 from trm.train.records import EVAL_STATS
-from trm.train.step import Model
+from trm.train.step import ModelTemplate
 
 
 class Evaluator:
     """Per-puzzle statistics after each of `counts` supervision steps, on a mesh (default: every device)."""
 
-    def __init__(self, model: Model, counts: Sequence[int], mesh: Mesh | None = None) -> None:
+    def __init__(self, model: ModelTemplate, counts: Sequence[int], mesh: Mesh | None = None) -> None:
         self.model = model
         self.counts = tuple(sorted(set(counts)))
         self.mesh = data_mesh() if mesh is None else mesh

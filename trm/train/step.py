@@ -69,8 +69,8 @@ class Hyperparameters(NamedTuple):
     ema: EmaRate
 
 
-class Model:
-    """The model's static structure (graphdef) and how to rebuild it from pure parameter dicts."""
+class ModelTemplate:
+    """The model without its weights: its static structure (graphdef) and how to rebuild it from pure dicts."""
 
     def __init__(self, cfg: ModelConfig, seed: int) -> None:
         self.cfg = cfg
@@ -89,7 +89,7 @@ class Model:
         return nnx.merge(self.graphdef, *templates)
 
 
-def init_state(model: Model, config: dict, batch_rows: int, mesh: Mesh | None = None) -> TrainState:
+def init_state(model: ModelTemplate, config: dict, batch_rows: int, mesh: Mesh | None = None) -> TrainState:
     """Fresh state on `mesh` (default: all devices): initial parameters, optimizer states, EMA, all-halted carry.
 
     Every process computes the same values (same seeds); the carry's rows are split over the mesh.
@@ -101,7 +101,7 @@ def init_state(model: Model, config: dict, batch_rows: int, mesh: Mesh | None = 
     return jax.tree.map(put_global, state, state_shardings(state, mesh))
 
 
-def abstract_state(model: Model, config: dict, batch_rows: int, mesh: Mesh) -> TrainState:
+def abstract_state(model: ModelTemplate, config: dict, batch_rows: int, mesh: Mesh) -> TrainState:
     """The fresh state's shapes, dtypes and shardings on `mesh`, nothing allocated: for compiling ahead of time
     (e.g. for a TPU topology's devices, which this machine cannot hold arrays on)."""
     shapes = jax.eval_shape(lambda: _fresh_state(model, config, batch_rows))
@@ -112,7 +112,7 @@ def abstract_state(model: Model, config: dict, batch_rows: int, mesh: Mesh) -> T
     )
 
 
-def _fresh_state(model: Model, config: dict, batch_rows: int) -> TrainState:
+def _fresh_state(model: ModelTemplate, config: dict, batch_rows: int) -> TrainState:
     # Initial optimizer states do not depend on the learning rate (nor, then, on the run's length).
     optimizer = build_optimizer(config["optim"], learning_rate=0.0)
     emb_optimizer = build_puzzle_emb_optimizer(config["optim"], learning_rate=0.0)
@@ -157,7 +157,9 @@ class TrainStep:
     is the 1-based number of the update the step makes (it picks the learning rates).
     """
 
-    def __init__(self, model: Model, config: dict, total_steps: int, mesh: Mesh | None = None) -> None:
+    def __init__(
+        self, model: ModelTemplate, config: dict, total_steps: int, mesh: Mesh | None = None
+    ) -> None:
         self.model = model
         self.config = config
         self.mesh = data_mesh() if mesh is None else mesh

@@ -1,4 +1,4 @@
-"""The training loop of one run: resume, train, evaluate, checkpoint, write the markers (see trm/train/cli.py)."""
+"""One run's training loop: resume, train, evaluate, checkpoint, write the markers (see trm/train/train_command.py)."""
 
 from __future__ import annotations
 
@@ -19,14 +19,14 @@ from trm.model.config import ModelConfig
 from trm.run import distributed, layout
 from trm.run.state import EXIT_PREEMPTED, TrainerStatus
 from trm.run.timing import Timings
+from trm.train.batches import TrainBatches
 from trm.train.checkpoint import Checkpointer
-from trm.train.data import TrainBatches
 from trm.train.ema import eval_params
 from trm.train.evaluator import Evaluator, evaluate
 from trm.train.hostlog import HostLog
 from trm.train.records import MetricsLog, MetricWindow, best_evaluation, halt_step_moments
 from trm.train.schedule import cycles_at, halt_exploration_at
-from trm.train.step import Model, TrainState, TrainStep, check_train_config, init_state
+from trm.train.step import ModelTemplate, TrainState, TrainStep, check_train_config, init_state
 from trm.train.test_time import run_test_time_evaluation
 
 
@@ -85,7 +85,7 @@ class Trainer:
             self.process_count,
         )
         self.total_steps = (tc["epochs"] // tc["eval_interval"]) * self.batches.batches_per_iter
-        self.model = Model(self.model_cfg, seed=tc["seed"])
+        self.model = ModelTemplate(self.model_cfg, seed=tc["seed"])
         self.train_step = TrainStep(self.model, config, self.total_steps, self.mesh)
         self.evaluator = Evaluator(self.model, (tc["eval_steps"],), self.mesh)
         self.checkpoints = Checkpointer(

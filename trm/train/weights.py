@@ -29,7 +29,7 @@ from trm.model.config import ModelConfig
 from trm.model.torch_io import parameter_templates
 from trm.run import layout
 from trm.train.checkpoint import Checkpointer, orbax_path, read_checkpoint
-from trm.train.step import Model, init_state
+from trm.train.step import ModelTemplate, init_state
 
 
 @dataclass
@@ -168,7 +168,7 @@ def write_run_dir(
         raise UserError(
             f"{run_dir}: already holds a run ({layout.CONFIG} or {layout.CHECKPOINTS}/); choose a new --out"
         )
-    model = Model(model_cfg, seed=config["train"]["seed"])
+    model = ModelTemplate(model_cfg, seed=config["train"]["seed"])
     state = init_state(model, config, batch_rows=config["train"]["global_batch_size"])
     dense = jax.tree.map(jnp.asarray, params)
     state = state._replace(

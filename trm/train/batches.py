@@ -1,10 +1,11 @@
 """Batches for training and evaluation, with the original loader's order, made resumable.
 
-Training walks "iterations" of `epochs_per_iter` epochs. Iteration `it` shuffles the groups with a Philox generator
-seeded `seed + it` (one permutation per epoch, concatenated), draws one puzzle uniformly inside each group (one
-random augmentation of each base puzzle per epoch), cuts the order into global batches and drops the last partial
-batch. A batch is therefore a pure function of (seed, iteration, batch index): resuming needs only the step number,
-and every host computes the same global batch and keeps its own contiguous slice of rows.
+Training walks "iterations" of `eval_interval_epochs` epochs (train.eval_interval: one iteration per evaluation).
+Iteration `it` shuffles the groups with a Philox generator seeded `seed + it` (one permutation per epoch,
+concatenated), draws one puzzle uniformly inside each group (one random augmentation of each base puzzle per epoch),
+cuts the order into global batches and drops the last partial batch. A batch is therefore a pure function of (seed,
+iteration, batch index): resuming needs only the step number, and every host computes the same global batch and
+keeps its own contiguous slice of rows.
 
 Evaluation reads the test split in order, in chunks of the global batch; the last chunk is padded with pad rows
 whose labels are all ignored, so they count in no metric.
@@ -62,7 +63,7 @@ class TrainBatches:
         self,
         split: SplitData,
         global_batch_size: int,
-        epochs_per_iter: int,
+        eval_interval_epochs: int,
         seed: int,
         process_index: int = 0,
         process_count: int = 1,
@@ -72,15 +73,15 @@ class TrainBatches:
             raise UserError("training data must hold exactly one example per puzzle (Sudoku format)")
         self.split = split
         self.global_batch_size = global_batch_size
-        self.epochs_per_iter = epochs_per_iter
+        self.eval_interval_epochs = eval_interval_epochs
         self.seed = seed
         self.rows = _host_rows(global_batch_size, process_index, process_count)
         self.num_groups = len(split.group_indices) - 1
-        self.batches_per_iter = (self.num_groups * epochs_per_iter) // global_batch_size
+        self.batches_per_iter = (self.num_groups * eval_interval_epochs) // global_batch_size
         if self.batches_per_iter == 0:
             raise UserError(
-                f"train.global_batch_size={global_batch_size} exceeds the {self.num_groups * epochs_per_iter} "
-                f"examples of one evaluation interval ({epochs_per_iter} epochs x {self.num_groups} groups)"
+                f"train.global_batch_size={global_batch_size} exceeds the {self.num_groups * eval_interval_epochs} "
+                f"examples of one evaluation interval ({eval_interval_epochs} epochs x {self.num_groups} groups)"
             )
         self._cached_iter: int | None = None
         self._cached_order: np.ndarray | None = None
@@ -89,7 +90,9 @@ class TrainBatches:
         """Example ids of one iteration, in order: one random puzzle of every group, per epoch."""
         if self._cached_iter != iteration:
             rng = np.random.Generator(np.random.Philox(self.seed + iteration))
-            groups = np.concatenate([rng.permutation(self.num_groups) for _ in range(self.epochs_per_iter)])
+            groups = np.concatenate(
+                [rng.permutation(self.num_groups) for _ in range(self.eval_interval_epochs)]
+            )
             starts = self.split.group_indices[groups].astype(np.int64)
             sizes = self.split.group_indices[groups + 1].astype(np.int64) - starts
             puzzles = starts + rng.integers(0, sizes)

@@ -107,7 +107,7 @@ def main(args: argparse.Namespace) -> int:
         import jax
 
         from trm.train.evaluator import Evaluator, evaluate
-        from trm.train.step import Model
+        from trm.train.step import ModelTemplate
         from trm.train.weights import load_weights
 
     counts = parse_steps(args.steps)
@@ -125,7 +125,7 @@ def main(args: argparse.Namespace) -> int:
         f"{jax.local_device_count()} device(s)",
         file=sys.stderr,
     )
-    evaluator = Evaluator(Model(weights.model_cfg, seed=0), counts)
+    evaluator = Evaluator(ModelTemplate(weights.model_cfg, seed=0), counts)
     devices = evaluator.mesh.size
     batch_size = args.batch_size or weights.config["train"]["global_batch_size"]
     batch_size = math.ceil(batch_size / devices) * devices  # every device gets the same number of rows
