@@ -65,8 +65,8 @@ def test_a_bad_override_is_one_line_naming_the_setting(tmp_path):
     assert message == f"--config: replicates.smoke.groups: no group exp99 in {REPO / 'config/groups.yaml'}"
     message = refused(tmp_path, {"replicates": {"smoke": {"experiments": {"exp01z": 2, "exp01y": 3}}}})
     assert message.startswith("--config: replicates.smoke.experiments: no experiment exp01y, exp01z")
-    message = refused(tmp_path, {"replicates": {"smoke": {"default": 0}}})
-    assert "replicates.smoke.default" in message and "at least 1" in message
+    message = refused(tmp_path, {"replicates": {"smoke": {"seeds": 0}}})
+    assert "replicates.smoke.seeds" in message and "at least 1" in message
 
 
 def test_the_plan_prices_replicates_on_their_own_line(tmp_path):
@@ -135,7 +135,7 @@ def test_trm_status_names_a_replicates_run(tmp_path):
     for run in (exp, replicate_of(exp, 2)):
         run_dir = str(root / "smoke" / "runs" / run.hash)
         runstate.write_status(run_dir, {"state": "running", "config_hash": run.hash})
-    seeds = {"smoke": {"default": 1, "baseline": 3, "groups": {}, "experiments": {}}}
+    seeds = {"smoke": {"seeds": 1, "baseline": 3, "groups": {}, "experiments": {}}}
     names = [name for name, _ in collect(str(root), stale_after_s=600, replicates=seeds)]
     assert [name.split(" (+")[0] for name in names] == ["exp01c", "exp01c~s2"]
     assert all(name.endswith("same config)") for name in names)  # every group's baseline shares them

@@ -119,7 +119,7 @@ def experiments_by_hash(scale: str, seeds: int = 1) -> dict[str, list[str]]:
 def most_seeds(replicates: dict, scale: str) -> int:
     """The most seeds any experiment trains at `scale` under a `replicates` setting (config/config.yaml)."""
     setting = replicates.get(scale, {})
-    counts = [setting.get("default", 1), setting.get("baseline", 1)]
+    counts = [setting.get("seeds", 1), setting.get("baseline", 1)]
     return max(
         counts + list(setting.get("groups", {}).values()) + list(setting.get("experiments", {}).values())
     )

@@ -180,7 +180,7 @@ class Study:
 
     def _replicate_counts(self, experiments: list[Experiment], groups_path: str) -> dict[str, int]:
         """Seeds per experiment from replicates.SCALE: its `experiments` entry, else the larger of its group's
-        entry (or `default`) and, for a group's baseline member, `baseline`. Unknown ids are refused."""
+        entry (or `seeds`) and, for a group's baseline member, `baseline`. Unknown ids are refused."""
         key = f"replicates.{self.scale}"
         setting = self.config["replicates"][self.scale]
         table = load_groups(groups_path, self.experiments_dir)
@@ -198,7 +198,7 @@ class Study:
         return {
             exp.id: setting["experiments"].get(exp.id)
             or max(
-                setting["groups"].get(exp.group, setting["default"]),
+                setting["groups"].get(exp.group, setting["seeds"]),
                 setting["baseline"] if exp.id in baselines else 1,
             )
             for exp in experiments
