@@ -87,9 +87,9 @@ def test_the_table_is_the_summaries_metrics_in_the_registrys_order(results):
     assert table["examples_per_second_low"].isna().all() and table["test_exact_accuracy_sd"].isna().all()
     assert list(pd.read_parquet(f"{output}.parquet").columns) == columns
     curves = pd.read_csv(f"{output}-curves.csv")
-    assert list(curves.columns) == ["id", "group", *CURVE_METRICS]
+    assert list(curves.columns) == ["id", "run", "group", *CURVE_METRICS]
     test_time = pd.read_csv(f"{output}-test-time.csv")
-    assert list(test_time.columns) == ["id", "group", "baseline", *TEST_TIME_METRICS]
+    assert list(test_time.columns) == ["id", "run", "group", "baseline", *TEST_TIME_METRICS]
     assert list(test_time["baseline"]) == [False, True, True]
 
 

@@ -3,17 +3,17 @@ r"""Gather every run of the study into one table (CSV and Parquet), the evaluati
     trm aggregate --results results/smoke --groups config/groups.yaml \
         --peak-flops 5e10 --utilization 0.1 --test-puzzles 32 --output results/smoke/table exp01a exp01b
 
-Reads, per run id (an experiment id, or EXP~sK for its replicate k), RESULTS/runs/<id>.json (the run's summary, `trm summarize`: its resolved config and
-metrics) and RESULTS/benchmarks/train/<id>.tsv (Snakemake's benchmark of the training job: wall time). Writes
-OUTPUT.csv, OUTPUT.parquet (one row per run: its experiment `id` (replicates EXP~sK of experiment EXP are rows
-of EXP, told apart by `seed` and `run`), group, varied keys, config hash, seed, run id and `config_key` (the hash of
-the config without train.seed: equal for the replicates of one configuration, which the noise floor pools), then the
-metrics of trm/study/metrics.py's RUN_METRICS in that order, then the config keys the groups plot, then for each
-metric of SUMMARY_METRICS its experiment's mean, sd, n, 95% interval and the interval's source: columns
-{metric}_mean, _sd, _n, _low, _high, _interval, the same on every row of the experiment; docs/statistics.md
-explains them), OUTPUT-curves.csv (test
-accuracy per evaluation during training) and OUTPUT-test-time.csv (test accuracy per number of supervision steps
-at test time, one row per run and step count). Accelerator-hours are measured wall hours x the devices the run
+Reads, per run id (an experiment id, or EXP~sK for its replicate k), RESULTS/runs/<id>.json (the run's summary,
+`trm summarize`: its resolved config and metrics) and RESULTS/benchmarks/train/<id>.tsv (Snakemake's benchmark of
+the training job: wall time). Writes OUTPUT.csv, OUTPUT.parquet (one row per run: its experiment `id` (replicates
+EXP~sK of experiment EXP are rows of EXP, told apart by `seed` and `run`), group, varied keys, config hash, seed,
+run id and `config_key` (the hash of the config without train.seed: equal for the replicates of one configuration,
+which the noise floor pools), then the metrics of trm/study/metrics.py's RUN_METRICS in that order, then the config
+keys the groups plot, then for each metric of SUMMARY_METRICS its experiment's mean, sd, n, 95% interval and the
+interval's source: columns {metric}_mean, _sd, _n, _low, _high, _interval, the same on every row of the experiment;
+docs/statistics.md explains them), OUTPUT-curves.csv (test accuracy per evaluation during training) and
+OUTPUT-test-time.csv (test accuracy per number of supervision steps at test time, one row per run and step count),
+both with the experiment's `id` and the `run`. Accelerator-hours are measured wall hours x the devices the run
 trained on (experiments with equal configs share one run and report the wall time of the job that trained it); the
 estimate column uses the FLOPs model of trm.study.estimate at the given peak FLOP/s and utilization.
 """
@@ -36,8 +36,9 @@ from trm.study.plan import experiment_of, seedless_hash
 if TYPE_CHECKING:  # pandas is imported where a table is made, so `trm aggregate --help` stays fast
     import pandas as pd
 
-TEST_TIME_COLUMNS = ("id", "group", "baseline", *TEST_TIME_METRICS)
-CURVE_COLUMNS = ("id", "group", *CURVE_METRICS)
+# `run` tells an experiment's seeds apart: EXP, or EXP~sK for its replicate k.
+TEST_TIME_COLUMNS = ("id", "run", "group", "baseline", *TEST_TIME_METRICS)
+CURVE_COLUMNS = ("id", "run", "group", *CURVE_METRICS)
 
 
 def _read_json(path: Path) -> dict:
@@ -120,9 +121,9 @@ def aggregate(
                 **{key: config_value(config, key) for key in plot_keys},
             }
         )
-        curves += [{"id": exp_id, "group": group["id"], **point} for point in summary["curve"]]
+        curves += [{"id": exp_id, "run": run_id, "group": group["id"], **point} for point in summary["curve"]]
         test_time += [
-            {"id": exp_id, "group": group["id"], "baseline": is_baseline, **result}
+            {"id": exp_id, "run": run_id, "group": group["id"], "baseline": is_baseline, **result}
             for result in summary["test_time"]
         ]
     import pandas as pd
