@@ -58,11 +58,11 @@ def test_the_table_is_the_summaries_metrics_in_the_registrys_order(results):
     assert trm_main(args) == 0
     table = pd.read_csv(f"{output}.csv")
     columns = list(table.columns)
-    assert columns[:6] == ["id", "group", "baseline", "varied", "config_hash", "seed"]
-    assert columns[6 : 6 + len(RUN_METRICS)] == list(RUN_METRICS)
+    assert columns[:8] == ["id", "group", "baseline", "varied", "config_hash", "seed", "run", "config_key"]
+    assert columns[8 : 8 + len(RUN_METRICS)] == list(RUN_METRICS)
     summaries = [f"{m}_{suffix}" for m in SUMMARY_METRICS for suffix in SUMMARY_FIELDS]
     # then the config keys groups plot, then each summary metric's per-experiment uncertainty
-    assert all("." in key for key in columns[6 + len(RUN_METRICS) : -len(summaries)])
+    assert all("." in key for key in columns[8 + len(RUN_METRICS) : -len(summaries)])
     assert columns[-len(summaries) :] == summaries
     assert list(table["seed"]) == [plan_study("smoke", [e])[0].config["train"]["seed"] for e in EXPERIMENTS]
     assert list(table["test_exact_accuracy"]) == pytest.approx([0.0, 0.1, 0.2])
@@ -87,9 +87,9 @@ def test_the_table_is_the_summaries_metrics_in_the_registrys_order(results):
     assert table["examples_per_second_low"].isna().all() and table["test_exact_accuracy_sd"].isna().all()
     assert list(pd.read_parquet(f"{output}.parquet").columns) == columns
     curves = pd.read_csv(f"{output}-curves.csv")
-    assert list(curves.columns) == ["id", "group", *CURVE_METRICS]
+    assert list(curves.columns) == ["id", "run", "group", *CURVE_METRICS]
     test_time = pd.read_csv(f"{output}-test-time.csv")
-    assert list(test_time.columns) == ["id", "group", "baseline", *TEST_TIME_METRICS]
+    assert list(test_time.columns) == ["id", "run", "group", "baseline", *TEST_TIME_METRICS]
     assert list(test_time["baseline"]) == [False, True, True]
 
 

@@ -143,7 +143,7 @@ def test_dry_run_uses_compiled_steps_where_they_exist_and_says_which(workdir, tm
     assert f"training:   {hours['training']:.4g} TPU v4 chip-hours" in job.splitlines()[1], job[:500]
     assert f"evaluation: {hours['evaluation']:.4g} TPU v4 chip-hours" in job.splitlines()[2], job[:500]
     assert "1 runs at their compiled steps' roofline times" in output  # the study's line
-    assert "6 at an assumed 40% of peak" in output  # exp06_b to f and ref_paper
+    assert "8 at an assumed 40% of peak" in output  # exp06_b to f, ref_paper and exp06_c's 2 replicates
 
 
 def test_without_libtpu_the_command_says_how_to_install_it():

@@ -146,7 +146,9 @@ def test_same_config_experiments_share_one_run_and_one_job_file(tmp_path):
     experiments = ["exp01a", "exp06_f", "exp01c", "exp05_d"]  # exp01c and exp05_d: two baselines, one run
     planned = study(tmp_path, {"experiments": experiments})
     assert planned.first_with_same_run("exp05_d") == "exp01c" == planned.first_with_same_run("exp01c")
-    assert planned.runs() == ["exp01a", "exp01c", "exp06_f"]
+    # The baselines' replicates (replicates.smoke.baseline) are shared seed by seed too.
+    assert planned.runs() == ["exp01a", "exp01c", "exp01c~s1", "exp01c~s2", "exp06_f"]
+    assert planned.first_with_same_run("exp05_d~s2") == "exp01c~s2"
     assert planned.trained_first("exp01c") == []
     assert planned.run_summary("exp05_d") == str(tmp_path / "results/smoke/runs/exp05_d.json")
     assert planned.trained_first("exp05_d") == [planned.run_summary("exp01c")]  # summarised after exp01c's
@@ -233,8 +235,11 @@ def read_job_of(planned: Study, exp_id: str):
 # ------------------------------------------------------------------------------------------ estimates
 
 
+ONE_SEED = {"replicates": {"smoke": {"baseline": 1}}}  # the replicates' own costs: tests/test_replicates.py
+
+
 def test_plan_summary_and_each_jobs_estimate(tmp_path):
-    planned = study(tmp_path, {"groups": ["exp06"]})
+    planned = study(tmp_path, {"groups": ["exp06"], **ONE_SEED})
     costs = planned.costs
     assert sorted(costs.hours) == [*(f"exp06_{x}" for x in "abcdef"), "ref_paper"]
     # Same epochs and data: the same examples and FLOPs whatever the batch (each job gets its own figure).
@@ -268,7 +273,7 @@ def test_plan_summary_and_each_jobs_estimate(tmp_path):
 
 
 def test_a_price_per_device_hour_prices_the_planned_hours(tmp_path):
-    planned = study(tmp_path, {"groups": ["exp06"], "accelerator": {"price_per_hour": 2.5}})
+    planned = study(tmp_path, {"groups": ["exp06"], "accelerator": {"price_per_hour": 2.5}, **ONE_SEED})
     hours = sum(h["training"] + h["evaluation"] for h in planned.costs.hours.values())
     *_, price = planned.costs.summary().splitlines()
     assert price.startswith(
@@ -302,11 +307,11 @@ def test_estimate_matches_the_spec_flops_of_a_paper_baseline_run():
 def test_a_report_without_a_selection_reports_the_runs_of_the_last_table(tmp_path, capsys):
     table = tmp_path / "results/smoke/table.csv"
     table.parent.mkdir(parents=True)
-    table.write_text("id,group\nexp01a,exp01\nref_paper,reference\n")
+    table.write_text("id,group\nexp01a,exp01\nref_paper,reference\nexp01a,exp01\n")  # 2 seeds of exp01a
     reported = study(tmp_path, reporting=True)
     assert list(reported.plan) == ["exp01a", "ref_paper"] and reported.config["groups"] == "all"
-    assert "report: the runs of " in capsys.readouterr().err
-    assert len(study(tmp_path).plan) == 68  # not a report
+    assert f"report: the runs of {table} (exp01a, ref_paper);" in capsys.readouterr().err
+    assert sum(not exp.replicate for exp in study(tmp_path).plan.values()) == 68  # not a report
     assert (
         list(study(tmp_path, {"groups": ["exp06"]}, reporting=True).plan)[0] == "exp06_a"
     )  # its own selection

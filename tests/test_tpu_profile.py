@@ -45,12 +45,19 @@ def test_profile_dry_run_needs_no_gcloud_and_shows_tpu_hours(tmp_path):
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     jobs = [line for line in output.splitlines() if ": train exp06" in line]
-    assert len(jobs) == 6 and all("32 devices" in line for line in jobs)
+    assert len(jobs) == 6 + 2 and all(
+        "32 devices" in line for line in jobs
+    )  # and the baseline's 2 replicates
     # Per job, training and evaluation on labelled lines; the evaluation is a pass at train.eval_steps over the
     # test split's 423,168 puzzles, then one to 128 steps on the test-time subset (test_time_subset.paper), in
     # whole batches.
     training, evaluation = estimates(output, "training"), estimates(output, "evaluation")
-    assert sorted(training) == sorted(evaluation) == [*(f"exp06_{x}" for x in "abcdef"), "ref_paper"]
+    replicates = ["exp06_c~s1", "exp06_c~s2"]
+    assert (
+        sorted(training)
+        == sorted(evaluation)
+        == sorted([*(f"exp06_{x}" for x in "abcdef"), "ref_paper", *replicates])
+    )
     assert all(hours > 0 for hours in evaluation.values())
     assert "x 128 steps on the test-time subset" in output and "TPU v4 chip-hours" in output
     assert "scale paper: 6 experiments" in output
@@ -63,7 +70,7 @@ def test_profile_dry_run_needs_no_gcloud_and_shows_tpu_hours(tmp_path):
     }
     jobs = [read_job(str(REPO / path)) for path in sorted(files)]
     shapes = collections.Counter((job.backend, job.hosts, job.devices_per_host) for job in jobs)
-    assert shapes == {("tpu-vm", 8, 4): 6, ("tpu-vm", 1, 4): 1}  # ref_paper on its own v4-8
+    assert shapes == {("tpu-vm", 8, 4): 6 + 2, ("tpu-vm", 1, 4): 1}  # ref_paper on its own v4-8
     # The evaluation runs on the slice, in the training job; the controller only collects its results.
     assert "--test-time-steps 16,32,64,128" in output and " summarize " in output
     assert " evaluate --checkpoint" not in output

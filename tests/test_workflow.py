@@ -75,7 +75,8 @@ def parse_error(workdir: Path, config: dict | None = None) -> str:
 
 def test_dry_run_of_all_plans_67_trainings_and_the_reference_on_10_datasets(workdir):
     jobs = planned_jobs(workdir)
-    assert jobs == {"build_dataset": 10, "stage_dataset": 10, "train": 68, "aggregate": 1, "plot_group": 14}
+    # 68 experiments and 2 replicates of each of the 14 group baselines (replicates.smoke.baseline)
+    assert jobs == {"build_dataset": 10, "stage_dataset": 10, "train": 96, "aggregate": 1, "plot_group": 14}
 
 
 def test_one_experiment_by_output_path_or_config_and_one_group(workdir):
@@ -89,7 +90,7 @@ def test_one_experiment_by_output_path_or_config_and_one_group(workdir):
         "aggregate": 1,
         "plot_group": 1,
     }
-    assert planned_jobs(workdir, {"groups": ["exp04a"]})["train"] == 6 + 1  # and the reference
+    assert planned_jobs(workdir, {"groups": ["exp04a"]})["train"] == 6 + 2 + 1  # baseline seeds, reference
     assert planned_jobs(workdir, {"groups": ["exp04a"]})["build_dataset"] == 6
 
 
@@ -104,13 +105,22 @@ def test_dry_run_prints_estimated_training_and_evaluation_hours_per_job(workdir)
     )
     output = result.stdout + result.stderr
     training, evaluation = estimates(output, "training"), estimates(output, "evaluation")
-    assert sorted(training) == sorted(evaluation) == [*(f"exp06_{x}" for x in "abcdef"), "ref_paper"]
-    assert "6 experiments in 1 groups and 1 reference" in output and "7 distinct runs" in output
+    replicates = ["exp06_c~s1", "exp06_c~s2"]  # the baseline's seeds, priced on their own line
+    assert (
+        sorted(training)
+        == sorted(evaluation)
+        == sorted([*(f"exp06_{x}" for x in "abcdef"), "ref_paper", *replicates])
+    )
+    assert "6 experiments in 1 groups and 1 reference" in output and "9 distinct runs" in output
     assert "estimated at an assumed 10% of peak (a rough bound, not a forecast):" in output
     study = {line.split(":")[0].strip(): line for line in output.splitlines() if line.startswith("  ")}
     for part, per_job in (("training", training), ("evaluation", evaluation)):
-        assert float(study[part].split(":")[1].split()[0]) == pytest.approx(sum(per_job.values()), rel=1e-3)
+        own = sum(hours for job, hours in per_job.items() if job not in replicates)
+        assert float(study[part].split(":")[1].split()[0]) == pytest.approx(own, rel=1e-3)
         assert "CPU core-hours" in study[part]
+    extra = sum(training[job] + evaluation[job] for job in replicates)
+    assert study["replicates"].startswith("  replicates: 2 runs (more seeds: replicates.smoke), ")
+    assert float(study["replicates"].split("), ")[1].split()[0]) == pytest.approx(extra, rel=1e-3)
 
 
 # ------------------------------------------------------------------------------------------------ bad input
@@ -162,9 +172,9 @@ def test_lint_is_clean_but_for_the_software_environments():
 
 
 def test_parsing_writes_each_runs_job_file_once(workdir):
-    experiments = ["exp01a", "exp01c", "exp05_d"]  # two baselines: one run, one job file
-    planned_jobs(workdir, {"experiments": experiments})  # parsing the workflow writes the files
-    plan = plan_study("smoke", experiments)
+    experiments = ["exp01a", "exp01c", "exp05_d"]  # two baselines: one run, one job file (per seed)
+    planned_jobs(workdir, {"experiments": experiments, "replicates": {"smoke": {"baseline": 1}}})
+    plan = plan_study("smoke", experiments)  # parsing the workflow wrote the files
     files = sorted((workdir / "results/smoke/jobs").iterdir())
     assert [f.name for f in files] == sorted({f"{exp.hash}.json" for exp in plan}) and len(files) == 2
     for exp in plan:

@@ -149,6 +149,7 @@ def test_an_experiment_can_run_on_its_own_accelerator_and_pool(workdir):
     assert (
         "on the job's 4 devices" in lines[jobs["ref_paper"]]
         and "on the job's 32 devices" in lines[jobs["exp01c"]]
+        and "on the job's 32 devices" in lines[jobs["exp01c~s2"]]  # a replicate: its experiment's shape
     )
     hours = {exp: float(lines[n + 1].split("training:")[1].split()[0]) for exp, n in jobs.items()}
     assert hours["ref_paper"] == pytest.approx(hours["exp01c"], rel=0.01)  # same FLOPs, 8x the wall time
@@ -156,7 +157,7 @@ def test_an_experiment_can_run_on_its_own_accelerator_and_pool(workdir):
     assert wall["ref_paper"] == pytest.approx(8 * wall["exp01c"], rel=0.01)
     # Each job file carries its experiment's shape and pool; the train commands only name them.
     launches = [line for line in lines if " launch --job " in line]
-    assert len(launches) == 2 and "--tpu" not in "".join(launches)
+    assert len(launches) == 4 and "--tpu" not in "".join(launches)  # exp01c with its 2 replicates, ref_paper
     jobs = {job.run.config["train"]["global_batch_size"]: job for job in map(read_job, job_files(workdir))}
     assert (jobs[768].hosts, jobs[768].devices_per_host, jobs[768].tpu["slices"]) == (1, 4, ["trm-v4-8"])
     assert jobs[768].tpu["accelerator_type"] == "v4-8" and jobs[768].backend == "tpu-vm"

@@ -3,15 +3,17 @@ r"""Gather every run of the study into one table (CSV and Parquet), the evaluati
     trm aggregate --results results/smoke --groups config/groups.yaml \
         --peak-flops 5e10 --utilization 0.1 --test-puzzles 32 --output results/smoke/table exp01a exp01b
 
-Reads, per experiment id, RESULTS/runs/<id>.json (the run's summary, `trm summarize`: its resolved config and
-metrics) and RESULTS/benchmarks/train/<id>.tsv (Snakemake's benchmark of the training job: wall time). Writes
-OUTPUT.csv, OUTPUT.parquet (one row per run: its group, its varied keys, its config hash and seed, then the
-metrics of trm/study/metrics.py's RUN_METRICS in that order, then the config keys the groups plot, then for each
-metric of SUMMARY_METRICS its experiment's mean, sd, n, 95% interval and the interval's source: columns
-{metric}_mean, _sd, _n, _low, _high, _interval, the same on every row of the experiment; docs/statistics.md
-explains them), OUTPUT-curves.csv (test
-accuracy per evaluation during training) and OUTPUT-test-time.csv (test accuracy per number of supervision steps
-at test time, one row per run and step count). Accelerator-hours are measured wall hours x the devices the run
+Reads, per run id (an experiment id, or EXP~sK for its replicate k), RESULTS/runs/<id>.json (the run's summary,
+`trm summarize`: its resolved config and metrics) and RESULTS/benchmarks/train/<id>.tsv (Snakemake's benchmark of
+the training job: wall time). Writes OUTPUT.csv, OUTPUT.parquet (one row per run: its experiment `id` (replicates
+EXP~sK of experiment EXP are rows of EXP, told apart by `seed` and `run`), group, varied keys, config hash, seed,
+run id and `config_key` (the hash of the config without train.seed: equal for the replicates of one configuration,
+which the noise floor pools), then the metrics of trm/study/metrics.py's RUN_METRICS in that order, then the config
+keys the groups plot, then for each metric of SUMMARY_METRICS its experiment's mean, sd, n, 95% interval and the
+interval's source: columns {metric}_mean, _sd, _n, _low, _high, _interval, the same on every row of the experiment;
+docs/statistics.md explains them), OUTPUT-curves.csv (test accuracy per evaluation during training) and
+OUTPUT-test-time.csv (test accuracy per number of supervision steps at test time, one row per run and step count),
+both with the experiment's `id` and the `run`. Accelerator-hours are measured wall hours x the devices the run
 trained on (experiments with equal configs share one run and report the wall time of the job that trained it); the
 estimate column uses the FLOPs model of trm.study.estimate at the given peak FLOP/s and utilization.
 """
@@ -29,12 +31,14 @@ from trm.errors import UserError
 from trm.study.estimate import accelerator_hours, evaluation_flops, model_costs, training_flops
 from trm.study.groups import REFERENCE_GROUP, load_groups, load_references
 from trm.study.metrics import CURVE_METRICS, RUN_METRICS, SUMMARY_METRICS, TEST_TIME_METRICS
+from trm.study.plan import experiment_of, seedless_hash
 
 if TYPE_CHECKING:  # pandas is imported where a table is made, so `trm aggregate --help` stays fast
     import pandas as pd
 
-TEST_TIME_COLUMNS = ("id", "group", "baseline", *TEST_TIME_METRICS)
-CURVE_COLUMNS = ("id", "group", *CURVE_METRICS)
+# `run` tells an experiment's seeds apart: EXP, or EXP~sK for its replicate k.
+TEST_TIME_COLUMNS = ("id", "run", "group", "baseline", *TEST_TIME_METRICS)
+CURVE_COLUMNS = ("id", "run", "group", *CURVE_METRICS)
 
 
 def _read_json(path: Path) -> dict:
@@ -77,8 +81,10 @@ def aggregate(
         | {p["x"] for g in groups.values() for p in g["plots"] if "." in p["x"]}
     )
     rows, curves, test_time = [], [], []
-    for exp_id in ids:
-        summary = _read_json(results / "runs" / f"{exp_id}.json")
+    for run_id in ids:
+        # A replicate's row (run EXP~sK) is a row of its experiment: `id` EXP, which every summary groups by.
+        exp_id = experiment_of(run_id)
+        summary = _read_json(results / "runs" / f"{run_id}.json")
         config = summary["config"]
         group = groups[exp_id]
         is_baseline = exp_id == group["baseline"]
@@ -88,7 +94,7 @@ def aggregate(
         flops = training_flops(config, costs) + evaluation_flops(
             config, costs, test_puzzles, evaluated_steps, summary["devices"]
         )
-        wall = _wall_seconds(results / "benchmarks" / "train" / f"{exp_id}.tsv")
+        wall = _wall_seconds(results / "benchmarks" / "train" / f"{run_id}.tsv")
         arch = config["arch"]
         computed = {  # the table's own metrics (RUN_METRICS with source "table"); the rest are the summary's
             "parameter_count": costs["parameter_count"],
@@ -109,13 +115,15 @@ def aggregate(
                 or ", ".join(f"{k.split('.')[-1]}={config_value(config, k)}" for k in group["varies"]),
                 "config_hash": summary["config_hash"],
                 "seed": config_value(config, "train.seed"),  # replicates of one experiment differ only here
+                "run": run_id,
+                "config_key": seedless_hash(config),  # equal for the replicates of one configuration
                 **{key: values[key] for key in RUN_METRICS},
                 **{key: config_value(config, key) for key in plot_keys},
             }
         )
-        curves += [{"id": exp_id, "group": group["id"], **point} for point in summary["curve"]]
+        curves += [{"id": exp_id, "run": run_id, "group": group["id"], **point} for point in summary["curve"]]
         test_time += [
-            {"id": exp_id, "group": group["id"], "baseline": is_baseline, **result}
+            {"id": exp_id, "run": run_id, "group": group["id"], "baseline": is_baseline, **result}
             for result in summary["test_time"]
         ]
     import pandas as pd

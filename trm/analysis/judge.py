@@ -69,10 +69,11 @@ def samples_by_experiment(table, metric: str, id_column: str = "id") -> dict[str
 
 
 def samples_by_configuration(
-    table, metric: str, ids: Sequence[str], config_column: str = "config_hash", run_column: str = "seed"
+    table, metric: str, ids: Sequence[str], config_column: str = "config_key", run_column: str = "seed"
 ) -> dict[str, list[float]]:
-    """The metric's values per distinct configuration of the given experiments, each run once: experiments with
-    equal configs share runs, which the noise floor must not count twice (pass it to uncertainty.noise_floor)."""
+    """The metric's values per distinct configuration (its seedless key: the replicates of one configuration are
+    its samples) of the given experiments, each run once: experiments with equal configs share runs, which the
+    noise floor must not count twice (pass it to uncertainty.noise_floor)."""
     rows = table[table["id"].isin(list(ids))].drop_duplicates([config_column, run_column])
     return {str(k): _floats(values) for k, values in rows.groupby(config_column, sort=False)[metric]}
 

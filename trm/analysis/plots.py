@@ -115,12 +115,17 @@ def _pareto_front(points: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
     return pd.DataFrame(front).sort_values(x)
 
 
+def _mean_line(rows: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
+    """An experiment's curve over x: at each x, the mean of y over its seeds (replicates), sorted by x."""
+    return rows.groupby(x, as_index=False)[y].mean().sort_values(x)
+
+
 def _references(ax, refs: pd.DataFrame, y: str, lines: pd.DataFrame | None = None, x: str = "") -> None:
     """Each reference run (groups.yaml `references`) as a dashed grey line labelled with its label: its own
     curve over `x` when `lines` holds one, else a horizontal line at its value of `y`."""
     for _, ref in refs.drop_duplicates("id").iterrows():
         text = f"{ref['varied']} ({ref['id']})"
-        line = None if lines is None else lines[lines["id"] == ref["id"]].sort_values(x)
+        line = None if lines is None else _mean_line(lines[lines["id"] == ref["id"]], x, y)
         if line is not None and not line.empty:
             ax.plot(line[x], line[y], linestyle="--", color="tab:gray", label=text)
         elif line is None and y in ref and ref[y] == ref[y]:  # not NaN: measured; its mean over seeds
@@ -230,7 +235,7 @@ def _test_time_panel(ax, group: dict, test_time: pd.DataFrame, refs: pd.DataFram
 def _line_per_member(ax, group: dict, points: pd.DataFrame, x: str, y: str, star_baseline: bool) -> None:
     """One line per member over x (rows of `points` with its id), the baseline's thick and black."""
     for member in group["members"]:
-        line = points[points["id"] == member].sort_values(x)
+        line = _mean_line(points[points["id"] == member], x, y)
         if line.empty:
             continue
         is_base = member == group["baseline"]

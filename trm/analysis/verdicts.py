@@ -55,11 +55,13 @@ SMOKE_NOTE = (
 
 
 def with_run_columns(table: pd.DataFrame) -> pd.DataFrame:
-    """The table with the columns that tell runs apart (`config_hash`, `seed`), made up for a table without them
+    """The table with the columns that tell runs apart (`config_hash`, `config_key`, `seed`), made up for a table without them
     (a hand-made one): each id its own config, each of its rows its own seed."""
     table = table.copy()
     if "config_hash" not in table:
         table["config_hash"] = table["id"].astype(str)
+    if "config_key" not in table:  # a table from before replicates: its configs, seeds and all
+        table["config_key"] = table["config_hash"]
     if "seed" not in table:
         table["seed"] = table.groupby("id").cumcount()
     return table

@@ -23,6 +23,7 @@ from trm.study.estimate import (
     evaluation_passes,
     training_flops,
 )
+from trm.study.plan import experiment_of
 from trm.study.scale import TEST_PUZZLES
 
 if TYPE_CHECKING:
@@ -42,6 +43,11 @@ class Costs:
         self.compiled: set[str] = set()  # experiments estimated from their compiled steps
         cache = CostCache(os.path.join(config["results"], ".cache", "model-costs.json"))
         for exp in study.plan.values():
+            if exp.replicate:  # the seed changes no cost: its experiment's (planned just before it)
+                self.hours[exp.id] = self.hours[exp.experiment]
+                if exp.experiment in self.compiled:
+                    self.compiled.add(exp.id)
+                continue
             devices = study.job_devices(exp.id)
             if seconds := self._compiled_seconds(exp):
                 self.hours[exp.id] = compiled_run_hours(
@@ -81,7 +87,7 @@ class Costs:
         only when compiling)."""
         steps = {}
         for exp_id in self.study.plan:
-            step = step_hash(load_config(experiment_path(exp_id, self.study.experiments_dir)))
+            step = step_hash(load_config(experiment_path(experiment_of(exp_id), self.study.experiments_dir)))
             steps.setdefault(os.path.join(self.compile_dir(exp_id), f"{step}.json"), exp_id)
         return steps
 
@@ -110,8 +116,12 @@ class Costs:
         else:
             source = f"{compiled} runs {roofline}, {len(runs) - compiled} at {assumed}"
         references = f" and {len(study.references)} reference" if study.references else ""
+        experiments = sum(not exp.replicate for exp in study.plan.values()) - len(study.references)
+        # Replicates (seeds beyond each experiment's first) on a line of their own: what the noise floor costs.
+        replicates = [first for first in runs if study.plan[first].replicate]
+        own = [first for first in runs if not study.plan[first].replicate]
         lines = [
-            f"TRM study, scale {study.scale}: {len(study.plan) - len(study.references)} experiments in "
+            f"TRM study, scale {study.scale}: {experiments} experiments in "
             f"{len(study.selected_groups)} groups{references}, {len(study.datasets)} datasets, {len(runs)} distinct "
             f"runs; estimated {source}:"
         ]
@@ -120,9 +130,16 @@ class Costs:
         else:
             shapes = "each on its own devices"
         for part in ("training", "evaluation"):
-            hours = sum(self.hours[first][part] for first in runs)
-            wall = sum(self.hours[first][part] / study.job_devices(first) for first in runs)
+            hours = sum(self.hours[first][part] for first in own)
+            wall = sum(self.hours[first][part] / study.job_devices(first) for first in own)
             lines.append(f"  {f'{part}:':<12}{hours:.4g} {self.device_hours} ({wall:.4g} h of jobs {shapes})")
+        if replicates:
+            hours = sum(sum(self.hours[first].values()) for first in replicates)
+            wall = sum(sum(self.hours[first].values()) / study.job_devices(first) for first in replicates)
+            lines.append(
+                f"  {'replicates:':<12}{len(replicates)} runs (more seeds: replicates.{study.scale}), {hours:.4g} "
+                f"{self.device_hours} of training and evaluation ({wall:.4g} h of jobs {shapes})"
+            )
         if (price := self.accelerator.get("price_per_hour")) is not None:
             hours = sum(self.hours[first]["training"] + self.hours[first]["evaluation"] for first in runs)
             lines.append(
@@ -140,7 +157,13 @@ class Costs:
             return f"train {exp_id}: same config as {first}, whose run it collects (no training)"
         hours, devices = self.hours[exp_id], study.job_devices(exp_id)
         steps = study.test_time_steps
-        config = study.plan[exp_id].config
+        exp = study.plan[exp_id]
+        config = exp.config
+        replicate = (
+            f"; replicate {exp.replicate} of {exp.experiment} (train.seed {config['train']['seed']})"
+            if exp.replicate
+            else ""
+        )
         passes = evaluation_passes(config, self.test_puzzles, steps, devices, study.test_time_subset)
         source = (
             "at its compiled steps' roofline times, a best case"
@@ -149,7 +172,7 @@ class Costs:
         )
         unit = self.device_hours
         return (
-            f"train {exp_id}: estimated on the job's {devices} devices, {source}\n"
+            f"train {exp_id}: estimated on the job's {devices} devices, {source}{replicate}\n"
             f"    training:   {hours['training']:.4g} {unit} ({hours['training'] / devices:.3g} h on them)\n"
             f"    evaluation: {hours['evaluation']:.4g} {unit} ({hours['evaluation'] / devices:.3g} h on them): "
             f"{describe_evaluation(passes, steps)}"

@@ -11,6 +11,7 @@ experiments sharing a dataset (exp04a_1000 and every baseline) share one build.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import sys
 from dataclasses import dataclass
@@ -39,10 +40,41 @@ class Experiment:
     path: Path  # config/experiments/<id>.yaml
     config: dict  # resolved: base <- experiment file, then the scale's rules
     hash: str  # config_hash(config): names the run directory, so experiments with equal configs share one run
+    replicate: int = 0  # k of replicate k (train.seed + k; id EXP~sK); 0: the experiment's own run
+
+    @property
+    def experiment(self) -> str:
+        """The experiment id this run is a replicate of (its own id for replicate 0)."""
+        return experiment_of(self.id)
 
     @property
     def dataset(self) -> str:
         return dataset_name(self.config)
+
+
+# A replicate's id: EXP~s1, EXP~s2, ... (`~` appears in no experiment id: EXPERIMENT_ID in trm/config).
+REPLICATE_MARK = "~s"
+
+
+def experiment_of(run_id: str) -> str:
+    """The experiment of a run id: EXP for EXP and for its replicates EXP~sK."""
+    return run_id.partition(REPLICATE_MARK)[0]
+
+
+def replicate_of(exp: Experiment, k: int) -> Experiment:
+    """Replicate k of an experiment: its config with train.seed + k (initialisation, data order, halting draws),
+    so its own hash and run dir; two experiments with equal configs still share each seed's run."""
+    config = copy.deepcopy(exp.config)
+    config["train"]["seed"] += k
+    return Experiment(f"{exp.id}{REPLICATE_MARK}{k}", exp.group, exp.path, config, config_hash(config), k)
+
+
+def seedless_hash(config: dict) -> str:
+    """The hash of a config without train.seed: equal for the replicates of one configuration, so the noise floor
+    can pool them (the table's `config_key`)."""
+    config = copy.deepcopy(config)
+    del config["train"]["seed"]
+    return config_hash(config)
 
 
 def dataset_name(config: dict) -> str:

@@ -23,7 +23,8 @@ profiles/tpu-v4-64/study.yaml) over it, give the storage, the scale and the stal
 as the plan does (trm/study/plan.py) at that scale, so its run dir is STORAGE/<scale>/runs/<hash>.
 
 Experiments are named by matching each run's config hash with the study plan at the run's scale (experiments with
-equal configs share a run); other runs show their directory name. ETA = steps left / recent steps per second.
+equal configs share a run; a replicate, the run of an experiment's seed k, is EXP~sK: the `replicates` setting);
+other runs show their directory name. ETA = steps left / recent steps per second.
 """
 
 from __future__ import annotations
@@ -103,14 +104,25 @@ def _scale_of(run_dir: str) -> str | None:
     return parts[-3] if len(parts) >= 3 and parts[-2] == "runs" and parts[-3] in SCALES else None
 
 
-def experiments_by_hash(scale: str) -> dict[str, list[str]]:
-    """config hash -> the study's experiment ids with that config at `scale`."""
-    from trm.study.plan import plan_study
+def experiments_by_hash(scale: str, seeds: int = 1) -> dict[str, list[str]]:
+    """config hash -> the study's run ids with that config at `scale`: each experiment's, and its replicates'
+    (EXP~sK) up to `seeds` seeds."""
+    from trm.study.plan import plan_study, replicate_of
 
     names: dict[str, list[str]] = {}
     for exp in plan_study(scale, "all", "all", source="trm status"):
-        names.setdefault(exp.hash, []).append(exp.id)
+        for run in [exp, *(replicate_of(exp, k) for k in range(1, seeds))]:
+            names.setdefault(run.hash, []).append(run.id)
     return names
+
+
+def most_seeds(replicates: dict, scale: str) -> int:
+    """The most seeds any experiment trains at `scale` under a `replicates` setting (config/config.yaml)."""
+    setting = replicates.get(scale, {})
+    counts = [setting.get("seeds", 1), setting.get("baseline", 1)]
+    return max(
+        counts + list(setting.get("groups", {}).values()) + list(setting.get("experiments", {}).values())
+    )
 
 
 @dataclass
@@ -192,8 +204,9 @@ def format_table(rows: list[Row]) -> str:
     )
 
 
-def collect(root: str, stale_after_s: float) -> list[tuple[str, RunState]]:
-    """(experiment names, state) of every run below `root`, sorted by name."""
+def collect(root: str, stale_after_s: float, replicates: dict | None = None) -> list[tuple[str, RunState]]:
+    """(experiment names, state) of every run below `root`, sorted by name; replicates (the workflow's setting)
+    names the seeds' runs EXP~sK."""
     plans: dict[str, dict[str, list[str]]] = {}
     runs = []
     for run_dir in find_run_dirs(root):
@@ -202,7 +215,7 @@ def collect(root: str, stale_after_s: float) -> list[tuple[str, RunState]]:
         name = run_dir.rstrip("/").rsplit("/", 1)[-1]
         if scale is not None:
             if scale not in plans:
-                plans[scale] = experiments_by_hash(scale)
+                plans[scale] = experiments_by_hash(scale, most_seeds(replicates or {}, scale))
             ids = plans[scale].get(run.status.get("config_hash") or name)
             if ids:
                 name = ids[0] if len(ids) == 1 else f"{ids[0]} (+{len(ids) - 1} same config)"
@@ -289,8 +302,8 @@ def _json_line(name: str, run: RunState) -> str:
     )
 
 
-def render(root: str, stale_after_s: float, as_json: bool) -> str:
-    runs = collect(root, stale_after_s)
+def render(root: str, stale_after_s: float, as_json: bool, replicates: dict | None = None) -> str:
+    runs = collect(root, stale_after_s, replicates)
     if as_json:
         return "\n".join(_json_line(name, run) for name, run in runs)
     if not runs:
@@ -335,7 +348,7 @@ def main(args: argparse.Namespace) -> int:
             )
 
         def show() -> str:
-            return render(root, args.stale_after, args.json)
+            return render(root, args.stale_after, args.json, settings.get("replicates"))
 
     if args.watch is None:
         print(show())

@@ -10,6 +10,8 @@ in it; every job is known then (no checkpoints), so a dry run shows the whole st
     (launch.*, or the experiment's launch.per_experiment entry) split its batches;
  3. estimates each run's accelerator-hours (trm/study/costs.py), which the dry run prints.
 
+Each experiment runs `replicates.SCALE` seeds: replicate k (id EXP~sK, k >= 1) is the experiment's config with
+train.seed + k, planned as a run of its own; replicate 0 is the experiment itself (id EXP).
 Experiments with the same resolved config (every group's baseline) share one run: the first with that config
 hash trains it, the others only collect it. Each distinct run has one job file, RESULTS/jobs/<hash>.json
 (trm/launch/job.py), written by `write_jobs`; the train rule runs `trm launch --job FILE`.
@@ -34,8 +36,16 @@ from trm.run.spec import Run
 from trm.storage import GCS_SCHEMES, check_url
 from trm.storage import join as url_join
 from trm.study.costs import Costs
-from trm.study.groups import REFERENCE_GROUP
-from trm.study.plan import Experiment, check_batches, parse_dataset_name, plan_study, run_dir_of
+from trm.study.groups import REFERENCE_GROUP, load_groups
+from trm.study.plan import (
+    Experiment,
+    check_batches,
+    experiment_of,
+    parse_dataset_name,
+    plan_study,
+    replicate_of,
+    run_dir_of,
+)
 from trm.study.settings import SourceOf, check_settings, load_schema
 
 # Commands run with the `trm` of the environment running Snakemake, so an unactivated venv works
@@ -107,7 +117,13 @@ class Study:
             groups_path,
             "workflow config",
         )
-        self.plan: dict[str, Experiment] = {exp.id: exp for exp in experiments}
+        counts = self._replicate_counts(experiments, groups_path)
+        # Each experiment, then its replicates (ids EXP~s1, ...): replicate 0 is the experiment's own run.
+        self.plan: dict[str, Experiment] = {
+            run.id: run
+            for exp in experiments
+            for run in [exp, *(replicate_of(exp, k) for k in range(1, counts[exp.id]))]
+        }
         self._check_launch(experiments_dir)
         self.results = os.path.join(config["results"], self.scale)
         self.storage = url_join(config["storage"], self.scale)
@@ -118,7 +134,9 @@ class Study:
         self.selected_groups = list(
             dict.fromkeys(e.group for e in self.plan.values() if e.group != REFERENCE_GROUP)
         )
-        self.references = [exp.id for exp in self.plan.values() if exp.group == REFERENCE_GROUP]
+        self.references = [
+            exp.id for exp in self.plan.values() if exp.group == REFERENCE_GROUP and not exp.replicate
+        ]
         self.datasets = sorted({exp.dataset for exp in self.plan.values()})
         self.first_with_hash: dict[str, str] = {}
         for exp in self.plan.values():
@@ -160,6 +178,32 @@ class Study:
             same = [exp for exp in self.plan.values() if self.job_devices(exp.id) == devices]
             self._with_source("launch", check_batches, same, devices, where)
 
+    def _replicate_counts(self, experiments: list[Experiment], groups_path: str) -> dict[str, int]:
+        """Seeds per experiment from replicates.SCALE: its `experiments` entry, else the larger of its group's
+        entry (or `seeds`) and, for a group's baseline member, `baseline`. Unknown ids are refused."""
+        key = f"replicates.{self.scale}"
+        setting = self.config["replicates"][self.scale]
+        table = load_groups(groups_path, self.experiments_dir)
+        known = {
+            "groups": ([g["id"] for g in table], groups_path),
+            "experiments": (experiment_ids(self.experiments_dir), self.experiments_dir),
+        }
+        for field, (ids, listed_in) in known.items():
+            if unknown := sorted(set(setting[field]) - set(ids)):
+                where = self.source_of(f"{key}.{field}")
+                raise UserError(
+                    f"{where}: {key}.{field}: no {field[:-1]} {', '.join(unknown)} in {listed_in}"
+                )
+        baselines = {g["baseline"] for g in table}
+        return {
+            exp.id: setting["experiments"].get(exp.id)
+            or max(
+                setting["groups"].get(exp.group, setting["seeds"]),
+                setting["baseline"] if exp.id in baselines else 1,
+            )
+            for exp in experiments
+        }
+
     def _report_selection(self, reporting: bool) -> list[str] | None:
         """`snakemake --report` reports the DAG of the selection it is given. After a run of a selection
         (`--config experiments=[exp01a]`), a plain `snakemake --report FILE` would ask for every experiment's
@@ -171,7 +215,7 @@ class Study:
         if not reporting or chosen or not os.path.isfile(table):
             return None
         with open(table, newline="") as stream:
-            ids = [row["id"] for row in csv.DictReader(stream) if row.get("id")]
+            ids = list(dict.fromkeys(row["id"] for row in csv.DictReader(stream) if row.get("id")))
         print(
             f"report: the runs of {table} ({', '.join(ids)}); --config experiments=[...] reports others",
             file=sys.stderr,
@@ -183,7 +227,7 @@ class Study:
     def job_launch(self, exp_id: str | None) -> dict:
         """An experiment's job shape and TPU pool: launch.*, with its launch.per_experiment entry over it."""
         launch = self.config["launch"]
-        own = launch["per_experiment"].get(exp_id, {})
+        own = launch["per_experiment"].get(exp_id and experiment_of(exp_id), {})
         return {
             "hosts": own.get("hosts", launch["hosts"]),
             "devices_per_host": own.get("devices_per_host", launch["devices_per_host"]),
