@@ -261,7 +261,7 @@ def job_thread():
     signal.pthread_kill(threading.get_ident(), signal.SIG{name})  # this thread, not the main one
     job.wait()
     print(f"job ended by {{-job.returncode}} after {{time.monotonic() - start:.2f}} s", flush=True)
-    time.sleep(5)  # the main thread's handler may run only after this
+    time.sleep(0.5)
     job_ended.release()
 start = time.monotonic()
 threading.Thread(target=job_thread, daemon=True).start()
@@ -284,7 +284,8 @@ def test_a_signal_delivered_to_another_thread_stops_the_jobs_at_once(sig, tmp_pa
     assert done.returncode == 0, done.stderr[-3000:]
     ended = re.search(r"job ended by (\d+) after ([\d.]+) s", done.stdout)
     assert ended, done.stdout + done.stderr
-    assert int(ended[1]) == signal.SIGINT  # jobs get SIGINT, as from a terminal's Ctrl-C
-    assert float(ended[2]) < 3.0  # at once, not after the 5 s the main thread stays asleep
+    # Ended by SIGINT, as from a terminal's Ctrl-C: sent while the main thread still waited for the job to end (a
+    # handler run only by the main thread could not have sent it before the job's own 60 s were over).
+    assert int(ended[1]) == signal.SIGINT
     assert f"{sig.name}: stopping the running jobs (1 processes get SIGINT)" in done.stderr
     assert "KeyboardInterrupt after" in done.stdout  # Snakemake's own path still follows
