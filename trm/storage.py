@@ -21,6 +21,7 @@ written is one line naming it (rules in `local_writer`).
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import secrets
@@ -139,6 +140,16 @@ def read_bytes(url: str) -> bytes:
 
 def read_text(url: str) -> str:
     return read_bytes(url).decode("utf-8")
+
+
+def read_json(url: str, missing: str) -> object:
+    """The JSON value stored at `url`; a UserError naming it when it is absent ("URL: `missing`") or not JSON."""
+    if not exists(url):
+        raise UserError(f"{url}: {missing}")
+    try:
+        return json.loads(read_text(url))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UserError(f"{url}: not valid JSON: {err}") from None
 
 
 def write_bytes(url: str, data: bytes) -> None:

@@ -107,12 +107,9 @@ class Job:
 
 def read_job(path: str) -> Job:
     """The job of the file at `path`; a UserError naming the file and the field when it is not a job file."""
-    if not storage.exists(path):
-        raise UserError(f"{path}: job file not found (the workflow writes RESULTS/SCALE/jobs/<hash>.json)")
-    try:
-        record = json.loads(storage.read_text(path))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UserError(f"{path}: not valid JSON: {err}") from None
+    record = storage.read_json(
+        path, "job file not found (the workflow writes RESULTS/SCALE/jobs/<hash>.json)"
+    )
     if not isinstance(record, dict) or sorted(record) != sorted(KEYS):
         found = sorted(record) if isinstance(record, dict) else type(record).__name__
         raise UserError(f"{path}: a job file has the keys {', '.join(KEYS)}; found {found}")

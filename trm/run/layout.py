@@ -57,12 +57,7 @@ def finished(run_dir: str) -> bool:
 
 def read_config(url: str) -> dict:
     """The resolved config at `url` (a config.json), validated; UserError naming the file when it is not one."""
-    if not storage.exists(url):
-        raise UserError(f"{url}: config file not found")
-    try:
-        config = json.loads(storage.read_text(url))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UserError(f"{url}: not valid JSON: {err}") from None
+    config = storage.read_json(url, "config file not found")
     return validate_config(config, source=url)
 
 
