@@ -338,7 +338,7 @@ def test_the_noise_floor_counts_each_run_of_a_shared_config_once():
     table = pd.DataFrame(
         {
             "id": ["exp01c"] * 3 + ["exp02a_03"] * 3 + ["ref_paper"] * 2 + ["exp01a"],
-            "config_hash": ["h"] * 6 + ["r"] * 2 + ["x"],
+            "config_key": ["h"] * 6 + ["r"] * 2 + ["x"],  # the config's hash without train.seed
             "seed": [0, 1, 2] * 2 + [0, 1] + [0],
             "m": [0.50, 0.52, 0.54] * 2 + [0.60, 0.66] + [0.3],
         }
@@ -354,7 +354,7 @@ def test_the_table_keeps_one_row_per_run_and_gains_each_experiments_summary():
     table = pd.DataFrame(
         {
             "id": ["b", "b", "b", "a"],
-            "config_hash": ["h", "h", "h", "x"],
+            "config_key": ["h", "h", "h", "x"],
             "seed": [0, 1, 2, 0],
             "test_cell_accuracy": [0.50, 0.52, 0.54, 0.40],
             "examples_per_second": [100.0, 110.0, 120.0, 90.0],
