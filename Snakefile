@@ -46,11 +46,11 @@ onstart:
 # At the end of a TPU study, failed or not: the slices it created that still exist (they bill until deleted), each
 # with the command that deletes it (trm/launch/slice_ledger.py).
 onsuccess:
-    slice_ledger.report_study(config["launch"]["backend"], [study.job_launch(exp_id)["tpu"] for exp_id in [None, *PLAN]])
+    study.report_leftover_slices()
 
 
 onerror:
-    slice_ledger.report_study(config["launch"]["backend"], [study.job_launch(exp_id)["tpu"] for exp_id in [None, *PLAN]])
+    study.report_leftover_slices()
     interrupts.exit_if_interrupted()
 
 

@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from trm.config import experiment_ids
 from trm.errors import UserError
-from trm.launch import tpu_options
+from trm.launch import slice_ledger, tpu_options
 from trm.launch.job import Job
 from trm.run.spec import Run
 from trm.storage import GCS_SCHEMES, check_url
@@ -289,6 +289,12 @@ class Study:
         """`trm preflight` with the study's storage and the pool's place, as an argument list."""
         pool = {key: self.tpu[key] for key in ("zone", "project", "slices", "create", "accelerator_type")}
         return [TRM, "preflight", "--storage", self.config["storage"], *tpu_options.flags(pool)]
+
+    def report_leftover_slices(self) -> None:
+        """At the study's end (Snakefile onsuccess/onerror): the slices its launchers created that still exist, over
+        the lock folders of every pool (each job's merged launch.tpu); a tpu-vm study only."""
+        pools = [self.job_launch(exp_id)["tpu"] for exp_id in [None, *self.plan]]
+        slice_ledger.report_study(self.backend, pools)
 
     def run_summary(self, exp_id: str) -> str:
         """The local summary of an experiment's run (`trm summarize`): the train job's one output, what the table

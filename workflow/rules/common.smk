@@ -6,7 +6,6 @@ import sys
 from snakemake.exceptions import WorkflowError
 
 from trm.errors import UserError
-from trm.launch import slice_ledger
 from trm.launch.local import one_thread_per_job
 from trm.study import interrupts
 from trm.study.scale import SMOKE_POOL, TEST_PUZZLES
