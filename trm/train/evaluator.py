@@ -18,8 +18,9 @@ evaluation, the Q head never stops a puzzle early. For each count k, over the re
 One compiled program runs one supervision step and its per-puzzle statistics on every row of a batch, and a pass
 calls it max(counts) times; nothing in it depends on the counts. So the trainer (counts = train.eval_steps) and
 `trm evaluate` run the same program on the same rows: with the same batch size and devices, their figures at a
-count both report are bit-identical. The statistics are summed on the host in float64 and in row order, so how the
-rows were split over devices does not change how they are added.
+count both report are bit-identical. The statistics are summed on the host in float64 and in row order (the Tally
+of trm/train/records.py, host code: changing it changes no compiled program), so how the rows were split over
+devices does not change how they are added.
 
 Data parallelism (`put_host_rows`, `_all_rows`): the rows of a batch are split over the mesh and each process
 feeds its own rows (trm/train/batches.py), the weights are replicated; the program moves no rows between devices.
@@ -43,7 +44,7 @@ from trm.model.act import act_step, initial_carry
 from trm.run.distributed import batch_sharded, data_mesh, put_global, put_host_rows, replicated
 from trm.train.batches import IGNORE_LABEL, eval_batches
 from trm.train.loss import CROSS_ENTROPY
-from trm.train.records import EVAL_STATS
+from trm.train.records import Tally
 from trm.train.step import ModelTemplate
 
 
@@ -142,51 +143,6 @@ def _all_rows(array: jax.Array) -> np.ndarray:
     from jax.experimental import multihost_utils
 
     return np.asarray(multihost_utils.process_allgather(array, tiled=True))
-
-
-class Tally:
-    """The float64 sums of an evaluation so far, per count and statistic, over its first `batches` batches.
-
-    Its record (`to_record`, JSON: a float64 written by Python round-trips exactly) lets a stopped evaluation
-    continue where it stopped and end with exactly the figures of an unbroken one.
-    """
-
-    def __init__(self, counts: Sequence[int], batches: int = 0, count: int = 0, sums=None) -> None:
-        self.counts = tuple(counts)
-        self.batches = batches
-        self.count = count
-        self.sums = np.zeros((len(self.counts), len(EVAL_STATS))) if sums is None else np.asarray(sums)
-
-    def add(self, stats: dict[int, dict], real: np.ndarray) -> None:
-        """One batch's per-row statistics, summed in row order."""
-        self.sums += [
-            [stats[k][name][real].sum(dtype=np.float64) for name in EVAL_STATS] for k in self.counts
-        ]
-        self.count += int(real.sum())
-        self.batches += 1
-
-    def results(self) -> list[dict]:
-        """One record per count: {"steps": k, "count": puzzles, **EVAL_STATS means}."""
-        return [
-            {
-                "steps": k,
-                "count": self.count,
-                **{name: float(v) / max(self.count, 1) for name, v in zip(EVAL_STATS, row, strict=True)},
-            }
-            for k, row in zip(self.counts, self.sums, strict=True)
-        ]
-
-    def to_record(self) -> dict:
-        return {
-            "counts": list(self.counts),
-            "batches": self.batches,
-            "count": self.count,
-            "sums": self.sums.tolist(),
-        }
-
-    @classmethod
-    def from_record(cls, record: dict) -> Tally:
-        return cls(record["counts"], record["batches"], record["count"], record["sums"])
 
 
 def evaluate(

@@ -1,4 +1,5 @@
-"""The records a run writes to metrics.jsonl: train records over a window of steps and eval records.
+"""The records a run writes to metrics.jsonl: train records over a window of steps and eval records, and the
+Tally that sums an evaluation's per-puzzle statistics into an eval record.
 
 JAX-free: the trainer writes these records and the analysis reads them back.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -26,6 +28,51 @@ EVAL_STATS = (
     "lm_loss",
     "q_halt_loss",
 )
+
+
+class Tally:
+    """The float64 sums of an evaluation so far, per count and statistic, over its first `batches` batches.
+
+    Its record (`to_record`, JSON: a float64 written by Python round-trips exactly) lets a stopped evaluation
+    continue where it stopped and end with exactly the figures of an unbroken one.
+    """
+
+    def __init__(self, counts: Sequence[int], batches: int = 0, count: int = 0, sums=None) -> None:
+        self.counts = tuple(counts)
+        self.batches = batches
+        self.count = count
+        self.sums = np.zeros((len(self.counts), len(EVAL_STATS))) if sums is None else np.asarray(sums)
+
+    def add(self, stats: dict[int, dict], real: np.ndarray) -> None:
+        """One batch's per-row statistics, summed in row order."""
+        self.sums += [
+            [stats[k][name][real].sum(dtype=np.float64) for name in EVAL_STATS] for k in self.counts
+        ]
+        self.count += int(real.sum())
+        self.batches += 1
+
+    def results(self) -> list[dict]:
+        """One record per count: {"steps": k, "count": puzzles, **EVAL_STATS means}."""
+        return [
+            {
+                "steps": k,
+                "count": self.count,
+                **{name: float(v) / max(self.count, 1) for name, v in zip(EVAL_STATS, row, strict=True)},
+            }
+            for k, row in zip(self.counts, self.sums, strict=True)
+        ]
+
+    def to_record(self) -> dict:
+        return {
+            "counts": list(self.counts),
+            "batches": self.batches,
+            "count": self.count,
+            "sums": self.sums.tolist(),
+        }
+
+    @classmethod
+    def from_record(cls, record: dict) -> Tally:
+        return cls(record["counts"], record["batches"], record["count"], record["sums"])
 
 
 def parse_steps(text: str, option: str = "--steps") -> tuple[int, ...]:

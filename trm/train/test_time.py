@@ -50,7 +50,8 @@ from trm import storage
 from trm.data.format import SplitData
 from trm.errors import UserError
 from trm.run import distributed, layout
-from trm.train.evaluator import Evaluator, Tally, evaluate
+from trm.train.evaluator import Evaluator, evaluate
+from trm.train.records import Tally
 
 PROGRESS_EVERY_S = 60.0
 # The seed of the test-time subset's permutation: a constant of the code, not train.seed nor any run setting, so
