@@ -30,7 +30,7 @@ def _summary(config: dict, config_hash: str, accuracy: float) -> dict:
         **metrics,
         "test_exact_accuracy": accuracy,
         "epochs_to_85pct": None,  # never reached: not measured
-        "curve": [{"epoch": 1.0, "test_exact_accuracy": accuracy, "test_cell_accuracy": 0.5}],
+        "curve": [{"epoch": 1.0, "count": 32, "test_exact_accuracy": accuracy, "test_cell_accuracy": 0.5}],
         "test_time": [{key: 16 if key == "steps" else accuracy for key in TEST_TIME_METRICS}],
     }
 

@@ -87,8 +87,8 @@ def test_a_finished_run_is_summarised_from_storage(storage_root, tmp_path):
     assert summary["examples_per_second"] == 110.0 and summary["step_time_s"] == 8 / 110.0
     assert summary["train_test_gap"] == pytest.approx(0.5 - 0.8) and summary["epochs_to_85pct"] is None
     assert summary["curve"] == [
-        {"epoch": 20.0, "test_exact_accuracy": 0.82, "test_cell_accuracy": 0.9},
-        {"epoch": 40.0, "test_exact_accuracy": 0.8, "test_cell_accuracy": 0.9},
+        {"epoch": 20.0, "count": 8192, "test_exact_accuracy": 0.82, "test_cell_accuracy": 0.9},
+        {"epoch": 40.0, "count": 422_786, "test_exact_accuracy": 0.8, "test_cell_accuracy": 0.9},
     ]
     # The requested counts, in order, with the test-time table's fields only.
     assert [r["steps"] for r in summary["test_time"]] == [16, 32]
@@ -140,7 +140,11 @@ def test_the_summary_computes_exactly_the_registrys_run_metrics():
 
 
 def test_test_time_metrics_are_the_trainers_evaluation_fields_but_the_losses():
-    assert tuple(TEST_TIME_METRICS) == ("steps", *(name for name in EVAL_STATS if not name.endswith("_loss")))
+    assert tuple(TEST_TIME_METRICS) == (
+        "steps",
+        "count",
+        *(name for name in EVAL_STATS if not name.endswith("_loss")),
+    )
 
 
 def test_pooled_variance_equals_the_variance_of_every_row():

@@ -122,6 +122,7 @@ def summarize(run_dir: str, test_time_steps: tuple[int, ...]) -> dict:
         "curve": [
             {
                 "epoch": r["epoch"],
+                "count": r["count"],
                 "test_exact_accuracy": r["exact_accuracy"],
                 "test_cell_accuracy": r["accuracy"],
             }

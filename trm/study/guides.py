@@ -223,7 +223,8 @@ def _metrics_section() -> list[str]:
         *_metric_table(CURVE_METRICS),
         "",
         "Test-time scaling (`table-test-time.csv`, one row per run and number of supervision steps at test time; the",
-        "trainer's final evaluation on the whole test split, trm/train/evaluator.py):",
+        "trainer's final evaluation, trm/train/evaluator.py: on the whole test split at train.eval_steps, on the",
+        "workflow's test_time_subset at the other counts; `count` says how many puzzles):",
         "",
         *_metric_table(TEST_TIME_METRICS),
     ]

@@ -178,6 +178,16 @@ RUN_METRICS = _by_key(
 )
 SUMMARY_METRICS = tuple(key for key, metric in RUN_METRICS.items() if metric.source == "run")
 
+# The puzzles one evaluation scored (an evaluation record's "count"): the size of its accuracies' sampling interval,
+# which differs between a training evaluation (train.eval_subset), the final one and the test-time curve's subset.
+EVALUATED_PUZZLES = Metric(
+    "count",
+    "test puzzles the evaluation scored (its sampling interval's size)",
+    "test puzzles",
+    "puzzles",
+    None,
+)
+
 CURVE_METRICS = _by_key(
     Metric(
         "epoch",
@@ -186,6 +196,7 @@ CURVE_METRICS = _by_key(
         "epochs",
         None,
     ),
+    EVALUATED_PUZZLES,
     Metric(
         "test_exact_accuracy",
         "test exact accuracy of that evaluation (on train.eval_subset puzzles, the last on the full test split)",
@@ -204,6 +215,7 @@ CURVE_METRICS = _by_key(
 
 TEST_TIME_METRICS = _by_key(
     Metric("steps", "supervision steps run at test time", "test-time supervision steps", "count", None),
+    EVALUATED_PUZZLES,
     Metric(
         "exact_accuracy",
         "test puzzles whose cells are all right",
