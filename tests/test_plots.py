@@ -208,3 +208,83 @@ def test_each_experiment_is_drawn_at_its_mean_with_its_interval_every_run_as_a_d
     )
     assert over_seeds[1] is None and one_run[1] is not None  # solid: no dash pattern; dashed: one
     plt.close(fig)
+
+
+# Curve and test-time bands: exp09's baseline with 3 seeds, one member with 1 run that also reaches a last x the
+# baseline does not (no noise floor there). Values per x; the last x of the baseline scored the whole split.
+BAND_XS = {"epoch": (10.0, 20.0, 30.0, 40.0), "steps": (1, 4, 16, 64)}
+BAND_RUNS = {
+    ("exp09a", 0): (0.20, 0.41, 0.55),
+    ("exp09a", 1): (0.26, 0.45, 0.61),
+    ("exp09a", 2): (0.23, 0.40, 0.58),
+    ("exp09b", 0): (0.18, 0.35, 0.50, 0.52),
+}
+PUZZLES = (500, 500, 2000, 500)  # per x: a subset, the whole split at the third
+
+
+def band_tables(x: str, y: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(runs table, curve or test-time rows) of BAND_RUNS, as `trm aggregate` writes them."""
+    runs, points = [], []
+    for (exp, seed), values in BAND_RUNS.items():
+        run = exp if seed == 0 else f"{exp}~s{seed}"
+        base = {"id": exp, "group": "exp09", "baseline": exp == "exp09a", "run": run}
+        runs.append(
+            {**base, "varied": exp, "config_key": exp, "seed": seed, "test_exact_accuracy": values[-1]}
+        )
+        points += [
+            {**base, x: at, "count": puzzles, y: value, "accuracy": 0.9, "test_cell_accuracy": 0.9}
+            for at, puzzles, value in zip(BAND_XS[x], PUZZLES, values, strict=False)
+        ]
+    return pd.DataFrame(runs), pd.DataFrame(points)
+
+
+def band_edges(collection) -> dict[float, tuple[float, float]]:
+    """x -> (low, high) of a fill_between band, from its outline's vertices."""
+    edges: dict[float, list[float]] = {}
+    for vx, vy in collection.get_paths()[0].vertices:
+        edges.setdefault(float(vx), []).append(float(vy))
+    return {vx: (min(vy), max(vy)) for vx, vy in edges.items()}
+
+
+@pytest.mark.parametrize(("x", "y"), [("epoch", "test_exact_accuracy"), ("steps", "exact_accuracy")])
+def test_curve_bands_are_the_uncertainty_modules_intervals_and_every_run_is_drawn(x: str, y: str):
+    """The 3-seed baseline's band at each x is the interval over its seeds; the 1-run member's is the noise floor
+    measured on the baseline's seeds at that x with the sampling interval of the puzzles evaluated there, and
+    sampling only where the baseline has no seeds. Every run is a thin line of its own values; n is in the legend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from trm.analysis.plots import _panel, _test_time_panel
+    from trm.analysis.uncertainty import FLOOR_AND_SAMPLING, SAMPLING_ONLY, noise_floor, summarize
+
+    group = next(g for g in load_groups() if g["id"] == "exp09")
+    runs, points = band_tables(x, y)
+    fig, ax = plt.subplots()
+    if x == "epoch":
+        _panel(ax, group["plots"][0], group, runs, points, runs.iloc[:0], table=runs)
+    else:
+        _test_time_panel(ax, group, points, runs.iloc[:0], table=runs)
+    bands = {c.get_gid(): band_edges(c) for c in ax.collections if c.get_gid()}
+    seeds = {i: [v[i] for (exp, _), v in BAND_RUNS.items() if exp == "exp09a"] for i in range(3)}
+    for i, at in enumerate(BAND_XS[x][:3]):
+        over_seeds = summarize(seeds[i])
+        assert bands["band:exp09a"][at] == pytest.approx((over_seeds.low, over_seeds.high))
+        one_run = summarize([BAND_RUNS["exp09b", 0][i]], noise_floor({"exp09a": seeds[i]}), PUZZLES[i])
+        assert one_run.source == FLOOR_AND_SAMPLING
+        assert bands["band:exp09b"][at] == pytest.approx((one_run.low, one_run.high))
+    last = summarize([BAND_RUNS["exp09b", 0][3]], None, PUZZLES[3])
+    assert last.source == SAMPLING_ONLY and last.high - last.low > 0
+    assert bands["band:exp09b"][BAND_XS[x][3]] == pytest.approx((last.low, last.high))
+    assert set(bands) == {"band:exp09a", "band:exp09b"}
+    drawn = {line.get_gid(): list(line.get_ydata()) for line in ax.get_lines() if line.get_gid()}
+    assert drawn == {
+        f"run:{run}": list(values) for run, values in zip(runs["run"], BAND_RUNS.values(), strict=True)
+    }
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "exp09a (baseline, n=3)" in legend
+    assert f"exp09b (n=1: {FLOOR_AND_SAMPLING} / {SAMPLING_ONLY})" in legend
+    (mean,) = [line for line in ax.get_lines() if line.get_label() == "exp09a (baseline, n=3)"]
+    assert list(mean.get_ydata()) == pytest.approx([sum(seeds[i]) / 3 for i in range(3)])
+    plt.close(fig)

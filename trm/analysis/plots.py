@@ -2,14 +2,18 @@
 
     trm plot-group exp01 --table results/smoke/table --groups config/groups.yaml --output results/smoke/plots/exp01
 
-Reads TABLE.csv and TABLE-curves.csv (`trm aggregate`). Each panel is one `plots:` entry of the group: `line` puts
-the members on x (a config key, a metric or `member`), `pareto` scatters them and draws the front of runs no
-other run beats on both axes, `curve` draws test accuracy over training per member. The group's baseline is
-drawn as a star (a thick black line for curves). A `line` or `pareto` panel draws each experiment at its mean
-with its 95% interval from the table (`trm aggregate`: solid over seeds, dashed where one run borrowed the noise
-floor or the test split's sampling interval), every run as a small black dot, and n beside each experiment's id. A metric the runs did not measure is shown as an empty panel
-saying so. A last panel, on every group, draws test exact accuracy against the number of supervision steps at
-test time per member, from TABLE-test-time.csv (`trm evaluate` at the workflow's test_time_steps).
+Reads TABLE.csv, TABLE-curves.csv and TABLE-test-time.csv (`trm aggregate`). Each panel is one `plots:` entry of
+the group: `line` puts the members on x (a config key, a metric or `member`), `pareto` scatters them and draws the
+front of runs no other run beats on both axes, `curve` draws test accuracy over training per member. The group's
+baseline is drawn as a star (a thick black line for curves). A `line` or `pareto` panel draws each experiment at
+its mean with its 95% interval from the table (`trm aggregate`: solid over seeds, dashed where one run borrowed the
+noise floor or the test split's sampling interval), every run as a small black dot, and n beside each experiment's
+id. A metric the runs did not measure is shown as an empty panel saying so. A last panel, on every group, draws test
+exact accuracy against the number of supervision steps at test time per member, from TABLE-test-time.csv (`trm
+evaluate` at the workflow's test_time_steps). A curve panel and the test-time panel draw each experiment's mean line
+with its 95% interval as a shaded band (trm/analysis/bands.py: over seeds, or for one run the noise floor at that
+epoch or step count with the sampling interval of the puzzles evaluated; a reference run's band hatched), every run
+as a thin line, and n in the legend (with the interval's source where n = 1).
 
 Where a panel's exact accuracy is 0 for every run of the group (short runs, e.g. the smoke scale), the panel draws
 cell accuracy instead (the fraction of cells right) and its title says so: a flat line at 0 shows no trend.
@@ -27,7 +31,7 @@ from trm.analysis.aggregate import read_table
 from trm.analysis.uncertainty import SEEDS
 from trm.errors import UserError
 from trm.study.groups import REFERENCE_GROUP, load_groups
-from trm.study.metrics import CURVE_METRICS, PLOT_METRICS, TEST_TIME_METRICS
+from trm.study.metrics import CURVE_METRICS, PLOT_METRICS, TEST_TIME_METRICS, Metric
 
 # pandas and matplotlib are imported where a plot is drawn: `trm plot-group --help` stays fast.
 if TYPE_CHECKING:
@@ -115,33 +119,35 @@ def _pareto_front(points: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
     return pd.DataFrame(front).sort_values(x)
 
 
-def _mean_line(rows: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
-    """An experiment's curve over x: at each x, the mean of y over its seeds (replicates), sorted by x."""
-    return rows.groupby(x, as_index=False)[y].mean().sort_values(x)
-
-
-def _references(ax, refs: pd.DataFrame, y: str, lines: pd.DataFrame | None = None, x: str = "") -> None:
-    """Each reference run (groups.yaml `references`) as a dashed grey line labelled with its label: its own
-    curve over `x` when `lines` holds one, else a horizontal line at its value of `y`."""
+def _references(ax, refs: pd.DataFrame, y: str) -> None:
+    """Each reference run (groups.yaml `references`) as a dashed grey horizontal line at its mean of `y` over
+    seeds, labelled with its label and n (a curve panel draws the references' curves: `_lines`)."""
     for _, ref in refs.drop_duplicates("id").iterrows():
-        text = f"{ref['varied']} ({ref['id']})"
-        line = None if lines is None else _mean_line(lines[lines["id"] == ref["id"]], x, y)
-        if line is not None and not line.empty:
-            ax.plot(line[x], line[y], linestyle="--", color="tab:gray", label=text)
-        elif line is None and y in ref and ref[y] == ref[y]:  # not NaN: measured; its mean over seeds
+        if y in ref and ref[y] == ref[y]:  # not NaN: measured
             n = f", n={int(ref[f'{y}_n'])}" if f"{y}_n" in ref else ""
-            ax.axhline(ref.get(f"{y}_mean", ref[y]), linestyle="--", color="tab:gray", label=f"{text}{n}")
+            text = f"{ref['varied']} ({ref['id']}{n})"
+            ax.axhline(ref.get(f"{y}_mean", ref[y]), linestyle="--", color="tab:gray", label=text)
 
 
-def _panel(ax, plot: dict, group: dict, runs: pd.DataFrame, curves: pd.DataFrame, refs: pd.DataFrame) -> None:
+def _panel(
+    ax,
+    plot: dict,
+    group: dict,
+    runs: pd.DataFrame,
+    curves: pd.DataFrame,
+    refs: pd.DataFrame,
+    table: pd.DataFrame | None = None,
+) -> None:
+    """One `plots:` entry of the group. `curves`: every group's (a curve point's noise floor pools every baseline);
+    `table`: every run of the table, for the runs' seeds and configurations (default: `runs` and `refs`)."""
     x, y = plot["x"], plot["y"]
     ax.grid(alpha=0.3)
     if plot["kind"] == "curve":
-        y = _metric(curves, y, ax)
+        y = _metric(curves[curves["group"].isin([group["id"], REFERENCE_GROUP])], y, ax)
         ax.set_ylabel(label(y))
         ax.set_xlabel(label("epoch"))
-        _references(ax, refs, y, curves, "epoch")
-        _line_per_member(ax, group, curves, "epoch", y, star_baseline=False)
+        table = _all_runs(runs, refs) if table is None else table
+        _lines(ax, group, curves, table, refs, "epoch", CURVE_METRICS[y], star_baseline=False)
         return
     y = _metric(runs, y, ax)
     ax.set_ylabel(label(y))
@@ -216,39 +222,115 @@ def _intervals(ax, points: pd.DataFrame, x: str, y: str) -> None:
         bars[2][0].set_linestyle(style)
 
 
-def _test_time_panel(ax, group: dict, test_time: pd.DataFrame, refs: pd.DataFrame) -> None:
-    """Test exact accuracy after each evaluated number of supervision steps, one line per member."""
+def _test_time_panel(
+    ax, group: dict, test_time: pd.DataFrame, refs: pd.DataFrame, table: pd.DataFrame | None = None
+) -> None:
+    """Test exact accuracy after each evaluated number of supervision steps, one line per member with its band.
+    `test_time`: every group's rows (the noise floor pools every baseline); `table`: every run, as for `_panel`."""
     ax.set_title("accuracy vs test-time supervision steps", fontsize="medium")
-    y = _metric(test_time, "exact_accuracy", ax)
+    shown = test_time["group"].isin([group["id"], REFERENCE_GROUP])
+    y = _metric(test_time[shown], "exact_accuracy", ax)
     ax.set_xlabel(f"{TEST_TIME_METRICS['steps'].axis_label}, log scale")
     ax.set_ylabel(TEST_TIME_METRICS[y].axis_label)
     ax.grid(alpha=0.3)
     ax.set_xscale("log", base=2)
-    steps = sorted(test_time["steps"].unique())
+    steps = sorted(test_time.loc[shown, "steps"].unique())
     ax.set_xticks(steps, [str(k) for k in steps])
     ax.minorticks_off()
-    _references(ax, refs, y, test_time, "steps")
-    _line_per_member(ax, group, test_time, "steps", y, star_baseline=True)
+    table = refs if table is None else table
+    _lines(ax, group, test_time, table, refs, "steps", TEST_TIME_METRICS[y], star_baseline=True)
     _accuracy_span(ax)
 
 
-def _line_per_member(ax, group: dict, points: pd.DataFrame, x: str, y: str, star_baseline: bool) -> None:
-    """One line per member over x (rows of `points` with its id), the baseline's thick and black."""
-    for member in group["members"]:
-        line = _mean_line(points[points["id"] == member], x, y)
-        if line.empty:
+def _all_runs(runs: pd.DataFrame, refs: pd.DataFrame) -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.concat([runs, refs])
+
+
+# A curve's band: its 95% interval, faint, so that 5-8 members' bands stay readable where they overlap.
+BAND_ALPHA = 0.15
+# A fraction's axis ends this far past 0 and 1, however far an interval reaches.
+FRACTION_MARGIN = 0.02
+SEED_STYLE = {"linewidth": 0.6, "alpha": 0.45, "marker": ".", "markersize": 3}
+
+
+def _lines(
+    ax,
+    group: dict,
+    points: pd.DataFrame,
+    table: pd.DataFrame,
+    refs: pd.DataFrame,
+    x: str,
+    metric: Metric,
+    star_baseline: bool,
+) -> None:
+    """Per reference run (dashed grey), then per member: the mean line over x with its 95% band (bands.py), each
+    run as a thin line, n in the legend; the baseline's thick and black."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    # Imported here: bands imports judge, which imports this module.
+    from trm.analysis.bands import point_summaries
+
+    y = metric.key
+    ref_ids = list(dict.fromkeys(refs["id"]))
+    summaries = point_summaries(points, table, x, metric, [*group["members"], *ref_ids])
+    for member in [*ref_ids, *group["members"]]:
+        band = summaries[summaries["id"] == member]
+        if band.empty:
             continue
-        is_base = member == group["baseline"]
-        ax.plot(
-            line[x],
-            line[y],
-            marker="*" if is_base and star_baseline else "o",
-            markersize=(12 if is_base else 5) if star_baseline else None,
-            color="black" if is_base else None,
-            linewidth=2.5 if is_base else 1.2,
-            label=f"{member} (baseline)" if is_base else member,
+        is_base, is_ref = member == group["baseline"], member in ref_ids
+        style = {"linewidth": 2.5 if is_base else 1.2, "marker": "o", "markersize": None}
+        if is_base:
+            style.update(color="black", marker="*" if star_baseline else "o")
+            style["markersize"] = 12 if star_baseline else None
+        elif is_ref:
+            style.update(color="tab:gray", linestyle="--", marker="")
+        elif star_baseline:
+            style["markersize"] = 5
+        runs = points[points["id"] == member].dropna(subset=[y])
+        (mean,) = ax.plot(
+            band[x], band["mean"], label=_legend_text(member, band, runs, is_base, refs), **style
         )
-    ax.legend(fontsize="small")
+        color = mean.get_color()
+        # A reference's band hatched, so that it does not read as the baseline's grey.
+        fill = {"facecolor": "none", "edgecolor": color, "hatch": "///"} if is_ref else {"color": color}
+        shade = ax.fill_between(band[x], band["low"], band["high"], alpha=BAND_ALPHA, linewidth=0, **fill)
+        shade.set_gid(f"band:{member}")
+        for run, seed in runs.groupby("run" if "run" in runs else "id"):
+            (line,) = ax.plot(*_sorted(seed, x, y), color=color, **SEED_STYLE)
+            line.set_gid(f"run:{run}")
+    handles, labels = ax.get_legend_handles_labels()
+    handles += [
+        Line2D([], [], color="tab:gray", **SEED_STYLE),
+        Patch(facecolor="tab:gray", alpha=2 * BAND_ALPHA),
+    ]
+    labels += ["each run", "95% interval (where n=1: of the source named)"]
+    # Below the panel, in two columns: inside, 5-8 members' entries cover the curves.
+    ax.legend(handles, labels, fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+    if metric.unit.startswith("fraction"):  # an interval over seeds may reach past 0 or 1: not drawn there
+        low, high = ax.get_ylim()
+        ax.set_ylim(max(low, -FRACTION_MARGIN), min(high, 1 + FRACTION_MARGIN))
+
+
+def _sorted(rows: pd.DataFrame, x: str, y: str) -> tuple[pd.Series, pd.Series]:
+    rows = rows.sort_values(x)
+    return rows[x], rows[y]
+
+
+def _legend_text(
+    member: str, band: pd.DataFrame, runs: pd.DataFrame, is_base: bool, refs: pd.DataFrame
+) -> str:
+    """`exp01a (n=3)`; a single run says where its interval came from, `exp01b (n=1: noise floor + sampling)`;
+    a reference run leads with its label, the baseline says it is one."""
+    n = runs["run"].nunique() if "run" in runs else int(band["n"].max())
+    sources = " / ".join(dict.fromkeys(band.loc[band["n"] < 2, "source"]))
+    text = f"n={n}: {sources}" if n < 2 and sources else f"n={n}"
+    ref = refs[refs["id"] == member]
+    if not ref.empty:
+        return f"{ref['varied'].iloc[0]} ({member}, {text})"
+    return f"{member} (baseline, {text})" if is_base else f"{member} ({text})"
 
 
 def plot_group(
@@ -264,26 +346,22 @@ def plot_group(
     if group_id not in groups:
         raise UserError(f"unknown group {group_id!r}: one of {', '.join(groups)}")
     group = groups[group_id]
-    refs = runs[runs["group"] == REFERENCE_GROUP]
+    table, refs = runs, runs[runs["group"] == REFERENCE_GROUP]
     runs = runs[runs["group"] == group_id]
     if runs.empty:
         raise UserError(f"the table has no run of group {group_id}")
-    ref_test_time = test_time[test_time["group"] == REFERENCE_GROUP]
-    test_time = test_time[test_time["group"] == group_id]
-    if test_time.empty:
+    if not (test_time["group"] == group_id).any():
         raise UserError(f"the test-time table has no run of group {group_id}")
     import matplotlib
-    import pandas as pd
 
     matplotlib.use("Agg")  # files only; no display on servers and TPU hosts
     import matplotlib.pyplot as plt
 
     plots = group["plots"]
-    fig, axes = plt.subplots(1, len(plots) + 1, figsize=(6 * (len(plots) + 1), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(plots) + 1, figsize=(6 * (len(plots) + 1), 6), squeeze=False)
     for ax, plot in zip(axes[0], plots, strict=False):
-        in_plot = curves["group"].isin([group_id, REFERENCE_GROUP])
-        _panel(ax, plot, group, runs, curves[in_plot], refs)
-    _test_time_panel(axes[0][-1], group, pd.concat([test_time, ref_test_time]), refs)
+        _panel(ax, plot, group, runs, curves, refs, table)
+    _test_time_panel(axes[0][-1], group, test_time, refs, table)
     fig.suptitle(f"{group_id}: {group['title']}")
     fig.tight_layout()
     for suffix in (".png", ".svg"):
