@@ -9,7 +9,8 @@ test-time curve the workflow's test_time_subset). The noise floor of a point is 
 of the reference configurations (every group's baseline, the reference runs) at the same epoch or step count,
 pooled as the table pools it (judge.noise_floors). Where no reference configuration has 2 seeds at that x (an epoch
 only a longer run reaches) the point has no floor, and its interval is the sampling interval alone, its source
-`sampling only`, as the table's would be.
+`sampling only`, as the table's would be. A table without `count` (written before it was recorded) has no
+sampling interval: the noise floor alone.
 """
 
 from __future__ import annotations
