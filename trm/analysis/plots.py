@@ -125,7 +125,7 @@ def _references(ax, refs: pd.DataFrame, y: str) -> None:
     for _, ref in refs.drop_duplicates("id").iterrows():
         if y in ref and ref[y] == ref[y]:  # not NaN: measured
             n = f", n={int(ref[f'{y}_n'])}" if f"{y}_n" in ref else ""
-            text = f"{ref['varied']} ({ref['id']}{n})"
+            text = f"{ref['varied']} ({ref['id']}){n}"
             ax.axhline(ref.get(f"{y}_mean", ref[y]), linestyle="--", color="tab:gray", label=text)
 
 
@@ -329,7 +329,7 @@ def _legend_text(
     text = f"n={n}: {sources}" if n < 2 and sources else f"n={n}"
     ref = refs[refs["id"] == member]
     if not ref.empty:
-        return f"{ref['varied'].iloc[0]} ({member}, {text})"
+        return f"{ref['varied'].iloc[0]} ({member}), {text}"
     return f"{member} (baseline, {text})" if is_base else f"{member} ({text})"
 
 
