@@ -37,8 +37,8 @@ def test_the_sd_is_the_sample_sd_of_the_real_rows():
             assert record["count"] == len(values) == 13
             assert record[name] == values.mean()
             # Sum of squares against the two-pass formula: float64 over 13 values of order 1.
-            assert abs(record[f"{name}_sd"] - values.std(ddof=1)) < 1e-12
-            assert record[f"{name}_sd"] > 0
+            assert abs(record[f"{name}_puzzle_sd"] - values.std(ddof=1)) < 1e-12
+            assert record[f"{name}_puzzle_sd"] > 0
 
 
 def test_a_tally_saved_after_a_batch_continues_to_the_unbroken_figures_bit_for_bit():
@@ -66,5 +66,5 @@ def test_no_sd_below_two_puzzles():
     stats = {k: {name: np.array([0.5, 0.9], np.float32) for name in EVAL_STATS} for k in COUNTS}
     tally = Tally(COUNTS)
     tally.add(stats, np.array([True, False]))
-    assert [r["accuracy_sd"] for r in tally.results()] == [None, None]
-    assert [r["accuracy_sd"] for r in Tally(COUNTS).results()] == [None, None]
+    assert [r["accuracy_puzzle_sd"] for r in tally.results()] == [None, None]
+    assert [r["accuracy_puzzle_sd"] for r in Tally(COUNTS).results()] == [None, None]

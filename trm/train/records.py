@@ -30,8 +30,8 @@ EVAL_STATS = (
 )
 
 
-# The statistics whose per-puzzle sample standard deviation an eval record also carries, as "{name}_sd": the
-# sampling interval of cell accuracy over the test puzzles (trm/analysis/uncertainty.py) is sd / sqrt(count).
+# The statistics whose sample standard deviation over the puzzles an eval record also carries, as
+# "{name}_puzzle_sd": the sampling interval of cell accuracy (trm/analysis/uncertainty.py) reads sd / sqrt(count).
 SD_STATS = ("accuracy",)
 
 
@@ -74,7 +74,7 @@ class Tally:
                 "count": n,
                 **{name: float(v) / max(n, 1) for name, v in zip(EVAL_STATS, row, strict=True)},
                 **{
-                    f"{name}_sd": _sample_sd(float(row[EVAL_STATS.index(name)]), float(square), n)
+                    f"{name}_puzzle_sd": _sample_sd(float(row[EVAL_STATS.index(name)]), float(square), n)
                     for name, square in zip(SD_STATS, squares, strict=True)
                 },
             }
