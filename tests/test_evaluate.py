@@ -49,6 +49,8 @@ def test_multi_count_pass_equals_separate_runs_and_the_trainers_evaluation(train
     final = json.loads((trained["run"] / "final.json").read_text())["test"]
     assert multi[0] == final and final["count"] == len(split.inputs)
     assert 0 < multi[0]["accuracy"] < 1
+    # The spread over puzzles that the sampling interval of a one-run cell accuracy reads.
+    assert 0 < multi[0]["accuracy_puzzle_sd"] < 1
     for record in multi:
         assert 1 <= record["mean_halt_step"] <= record["steps"]
         assert 0 <= record["halted_fraction"] <= 1

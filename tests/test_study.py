@@ -17,7 +17,7 @@ from trm.launch.job import read_job
 from trm.study.estimate import evaluation_flops, evaluation_passes, model_costs, training_flops
 from trm.study.groups import load_groups
 from trm.study.plan import dataset_name, plan_study
-from trm.study.scale import SMOKE
+from trm.study.scale import SMOKE, SMOKE_POOL
 from trm.study.settings import setting_source
 from trm.study.study import TRM, Study
 
@@ -245,10 +245,11 @@ def test_plan_summary_and_each_jobs_estimate(tmp_path):
     # Same epochs and data: the same examples and FLOPs whatever the batch (each job gets its own figure).
     training = [costs.hours[f"exp06_{x}"]["training"] for x in "abcdef"]
     assert max(training) == pytest.approx(min(training), rel=0.3)
-    # Evaluation computes whole batches, but no more rows than the puzzles need: the 16 smoke test puzzles are
-    # 18 rows in batches of 6 (exp06_a) and one batch of 16, not 192 (exp06_f).
-    assert "training, 18 rows x 32 steps at the end" in costs.message("exp06_a")
-    assert "training, 16 rows x 32 steps at the end" in costs.message("exp06_f")
+    # Evaluation computes whole batches, but no more rows than the puzzles need: the smoke test puzzles are whole
+    # batches of 6 (exp06_a; 24 puzzles, a multiple of 6: no padding) and one batch of just them, not 192 (exp06_f).
+    puzzles = SMOKE_POOL["test"]
+    assert f"training, {-(-puzzles // 6) * 6} rows x 32 steps at the end" in costs.message("exp06_a")
+    assert f"training, {puzzles} rows x 32 steps at the end" in costs.message("exp06_f")
     first, training_line, evaluation_line = costs.message("exp06_a").splitlines()
     assert (
         first

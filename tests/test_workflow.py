@@ -24,6 +24,7 @@ from snakemake.settings.types import (
 )
 from workflow_support import estimates
 
+from trm.analysis.uncertainty import PUZZLE_SD_ONLY
 from trm.launch.job import read_job
 from trm.study.plan import plan_study
 from trm.study.scale import SMOKE_POOL
@@ -203,6 +204,10 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     assert table.loc[1, "data.train_puzzles"] == 2
     assert (table["parameter_count"] > 0).all() and (table["wall_time_s"] > 0).all()
     assert table["test_exact_accuracy"].between(0, 1).all()
+    # One run per experiment and no seeded baseline: a cell accuracy's interval is its sampling interval, from the
+    # run's own spread over the test puzzles (the final evaluation's accuracy_puzzle_sd).
+    assert table["test_cell_accuracy_puzzle_sd"].between(0, 1, inclusive="neither").all()
+    assert set(table["test_cell_accuracy_interval"]) == {PUZZLE_SD_ONLY}
     assert pd.read_parquet(results / "table.parquet")["id"].tolist() == ["exp01a", "exp04a_100", "ref_paper"]
     assert sorted(p.name for p in (results / "plots").glob("*.png")) == ["exp01.png", "exp04a.png"]
     for group in ("exp01", "exp04a"):

@@ -39,9 +39,11 @@ from trm.analysis.uncertainty import (
 from trm.study.groups import REFERENCE_GROUP
 from trm.study.metrics import RUN_METRICS
 
-# Metrics that are fractions of the whole test split's puzzles: a single run of them has a binomial sampling
-# interval.
+# Metrics that are fractions of the whole test split's puzzles: a single run of them has a sampling interval.
 TEST_FRACTIONS = ("test_exact_accuracy", "test_cell_accuracy")
+# Those that are means of a per-puzzle fraction, and the column with a run's standard deviation of it over the
+# puzzles: a single run's sampling interval comes from it (uncertainty.summarize), Wilson's bound where it is empty.
+PUZZLE_SD_COLUMNS = {"test_cell_accuracy": "test_cell_accuracy_puzzle_sd"}
 POINT = 0.01  # accuracies are fractions; differences of them are read in points
 CELL_CAVEAT = (
     "exact accuracy is 0 for every run of the group at this scale: judged on {metric}, the metric the plots "
@@ -76,6 +78,20 @@ def samples_by_configuration(
     noise floor must not count twice (pass it to uncertainty.noise_floor)."""
     rows = table[table["id"].isin(list(ids))].drop_duplicates([config_column, run_column])
     return {str(k): _floats(values) for k, values in rows.groupby(config_column, sort=False)[metric]}
+
+
+def puzzle_sds(table, metric: str, id_column: str = "id") -> dict[str, float | None]:
+    """Per experiment measured by one run, that run's per-puzzle sd of the metric (PUZZLE_SD_COLUMNS; None where
+    the table has no such column or the run did not record it); empty for any other metric."""
+    column = PUZZLE_SD_COLUMNS.get(metric)
+    if column is None or column not in table:
+        return {}
+    measured = table[table[metric].notna()]
+    sds = {}
+    for k, rows in measured.groupby(id_column, sort=False)[column]:
+        values = _floats(rows)
+        sds[str(k)] = values[0] if len(values) == 1 and math.isfinite(values[0]) else None
+    return sds
 
 
 def _floats(values) -> list[float]:
@@ -121,8 +137,9 @@ def add_summaries(
     out = table.copy()
     for metric in metrics:
         puzzles = sampling_puzzles(metric, test_puzzles)
+        sds = puzzle_sds(table, metric, id_column)
         summaries = {
-            k: summarize(v, floors.get(metric), puzzles)
+            k: summarize(v, floors.get(metric), puzzles, sds.get(k))
             for k, v in samples_by_experiment(table, metric, id_column).items()
         }
         for suffix, field in SUMMARY_FIELDS.items():
@@ -132,7 +149,7 @@ def add_summaries(
 
 def sampling_puzzles(metric: str, test_puzzles: int | None) -> int | None:
     """The test puzzles a single run's value is a fraction of, for its sampling interval; None for any other
-    metric (throughput, halt steps, training accuracy: no binomial sampling over the test split)."""
+    metric (throughput, halt steps, training accuracy: no sampling over the test split)."""
     return test_puzzles if metric in TEST_FRACTIONS else None
 
 
@@ -230,15 +247,18 @@ def judge_criterion(
     samples: Mapping[str, Sequence[float]],
     floor: NoiseFloor | None,
     test_puzzles: int | None = None,
+    sds: Mapping[str, float | None] | None = None,
 ) -> dict:
     """One criterion judged on every run of its members (`samples`: the criterion's metric per member id, one
     value per seed; `floor`: the metric's noise floor; `test_puzzles`: the test split's size, for the sampling
-    interval of single runs). Returns verdict, detail (one line), the summaries of the members read and every
-    difference judged, as plain data (JSON-ready)."""
+    interval of single runs; `sds`: a one-run member's per-puzzle sd of the metric, `puzzle_sds`). Returns
+    verdict, detail (one line), the summaries of the members read and every difference judged, as plain data
+    (JSON-ready)."""
     metric = criterion["metric"]
     members = needed_members(criterion, group)
     puzzles = sampling_puzzles(metric, test_puzzles)
-    summaries = {m: summarize(samples.get(m, ()), floor, puzzles) for m in members}
+    sds = sds or {}
+    summaries = {m: summarize(samples.get(m, ()), floor, puzzles, sds.get(m)) for m in members}
     result = {
         "metric": metric,
         "summaries": {m: _summary(s) for m, s in summaries.items()},

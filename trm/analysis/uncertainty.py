@@ -6,8 +6,10 @@ config/groups.yaml.
 Every interval is two-sided at CONFIDENCE (95%):
 - an experiment with n >= 2 seeds: the mean +- a Student t quantile (n - 1 degrees of freedom) x sd / sqrt(n);
 - an experiment with one run: the noise floor (the pooled seed standard deviation of the reference configuration,
-  its own degrees of freedom) combined with the Wilson interval over the test puzzles when the metric is a fraction
-  of them; either alone when the other is missing. `Summary.source` says which.
+  its own degrees of freedom) combined with the sampling interval over the test puzzles when the metric is a
+  fraction of them: from the run's per-puzzle standard deviation for a mean of per-puzzle fractions (cell
+  accuracy: t interval, puzzles - 1 degrees of freedom), else the Wilson interval; either alone when the other is
+  missing. `Summary.source` says which.
 A difference adds the variances of the two means (Welch), its degrees of freedom by Welch-Satterthwaite.
 """
 
@@ -26,11 +28,14 @@ MAX_USEFUL_SEEDS = 20
 # Accuracies are ratios of puzzle counts: 0.87 - 0.86 must count as equal to a margin of 0.01.
 SLACK = 1e-9
 
-# Where an interval came from (Summary.source).
+# Where an interval came from (Summary.source). The sampling interval of one run is Wilson's (a binomial over the
+# puzzles: exact accuracy, or cell accuracy without a recorded per-puzzle sd) or the t interval of its per-puzzle sd.
 SEEDS = "seeds"
-FLOOR_AND_SAMPLING = "noise floor + sampling"
+FLOOR_AND_SAMPLING = "noise floor + sampling (Wilson)"
+FLOOR_AND_PUZZLE_SD = "noise floor + sampling (puzzle sd)"
 FLOOR_ONLY = "noise floor"
-SAMPLING_ONLY = "sampling only"
+SAMPLING_ONLY = "sampling only (Wilson)"
+PUZZLE_SD_ONLY = "sampling only (puzzle sd)"
 NO_INTERVAL = "none"  # one run of a metric that is not a fraction of puzzles, and no noise floor
 
 # Outcomes of a judged claim. trm.analysis.verdicts keeps the same words for its group verdicts.
@@ -130,13 +135,18 @@ def _finite(values: Iterable[float]) -> np.ndarray:
 
 
 def summarize(
-    values: Iterable[float], floor: NoiseFloor | None = None, puzzles: int | None = None
+    values: Iterable[float],
+    floor: NoiseFloor | None = None,
+    puzzles: int | None = None,
+    puzzle_sd: float | None = None,
 ) -> Summary:
     """Mean, sd, n and 95% interval of one experiment's runs (NaN or None values are not measured).
     `puzzles`: the test puzzles the metric is a fraction of (exact or cell accuracy), for the sampling interval
-    of a single run; None for other metrics. For cell accuracy the puzzle, not the cell, is the unit sampled: the
-    binomial variance over puzzles bounds the variance of a mean of per-puzzle fractions, where cells of one
-    puzzle are far from independent."""
+    of a single run; None for other metrics. For cell accuracy the puzzle, not the cell, is the unit sampled (cells
+    of one puzzle are far from independent): `puzzle_sd`, the single run's standard deviation over the puzzles of
+    their fractions, gives the t interval mean +- t(puzzles - 1) sd / sqrt(puzzles); without it (None, NaN, or 0,
+    where the t interval would collapse to a point) the Wilson interval, whose binomial variance bounds that of a
+    mean of per-puzzle fractions."""
     runs = _finite(values)
     n = len(runs)
     if n == 0:
@@ -151,18 +161,26 @@ def summarize(
         components.append((floor.sd**2, floor.df, floor))
         below.append(t_quantile(floor.df) * floor.sd)
         above.append(below[-1])
-    if puzzles:
+    recorded_sd = puzzle_sd is not None and math.isfinite(puzzle_sd) and puzzle_sd > 0
+    by_sd = bool(puzzles) and puzzles >= 2 and recorded_sd
+    if by_sd:
+        se = puzzle_sd / math.sqrt(puzzles)
+        components.append((se * se, puzzles - 1, None))
+        below.append(t_quantile(puzzles - 1) * se)
+        above.append(below[-1])
+    elif puzzles:
         low, high = wilson_interval(mean * puzzles, puzzles)
         z = t_quantile(math.inf)
         components.append((((high - low) / (2 * z)) ** 2, math.inf, None))
         below.append(mean - low)
         above.append(high - mean)
-    source = {(True, True): FLOOR_AND_SAMPLING, (True, False): FLOOR_ONLY, (False, True): SAMPLING_ONLY}.get(
+    sampling = (FLOOR_AND_PUZZLE_SD, PUZZLE_SD_ONLY) if by_sd else (FLOOR_AND_SAMPLING, SAMPLING_ONLY)
+    source = {(True, True): sampling[0], (True, False): FLOOR_ONLY, (False, True): sampling[1]}.get(
         (floor is not None, bool(puzzles)), NO_INTERVAL
     )
     if not components:
         return Summary(mean, math.nan, 1, math.nan, math.nan, source)
-    # The two half-widths add in quadrature on each side; the Wilson side keeps its asymmetry near 0 and 1.
+    # The two half-widths add in quadrature on each side; a Wilson side keeps its asymmetry near 0 and 1.
     low, high = mean - math.hypot(*below), mean + math.hypot(*above)
     if puzzles:
         low, high = max(low, 0.0), min(high, 1.0)

@@ -31,10 +31,12 @@ from typing import TYPE_CHECKING
 from trm import storage
 from trm.analysis.aggregate import read_table
 from trm.analysis.judge import (
+    PUZZLE_SD_COLUMNS,
     judge_criterion,
     judged_metric,
     needed_members,
     noise_floors,
+    puzzle_sds,
     reference_ids,
     samples_by_experiment,
 )
@@ -94,7 +96,12 @@ def evaluate_criterion(
         }
     samples = samples_by_experiment(table, metric)
     judged = judge_criterion(
-        {**criterion, "metric": metric}, group, samples, floors.get(metric), test_puzzles
+        {**criterion, "metric": metric},
+        group,
+        samples,
+        floors.get(metric),
+        test_puzzles,
+        puzzle_sds(table, metric),
     )
     return {**base, **judged}
 
@@ -160,7 +167,8 @@ def evaluate(
         raise UserError(f"{source} has no column {', '.join(absent)} (is it `trm aggregate`'s table?)")
     # At the smoke scale a criterion may be judged on cell accuracy instead (judge.judged_metric).
     metrics += sorted({CELL_FALLBACK[m] for m in metrics if m in CELL_FALLBACK and CELL_FALLBACK[m] in table})
-    _check_numbers(table, metrics, source)
+    sds = [PUZZLE_SD_COLUMNS[m] for m in metrics if PUZZLE_SD_COLUMNS.get(m) in table]
+    _check_numbers(table, metrics + sds, source)
     table = with_run_columns(table)
     floors = noise_floors(table, metrics, reference_ids(table))
     return {

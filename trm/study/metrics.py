@@ -101,6 +101,14 @@ RUN_METRICS = _by_key(
         True,
     ),
     Metric(
+        "test_cell_accuracy_puzzle_sd",
+        "standard deviation over the test puzzles of each puzzle's fraction of right cells at the end (the "
+        "sampling interval of a one-run test cell accuracy is read from it)",
+        "per-puzzle sd of test cell accuracy",
+        FRACTION_OF_CELLS,
+        None,
+    ),
+    Metric(
         "train_exact_accuracy",
         "fraction of training puzzles solved exactly (last eval interval)",
         "train exact accuracy",

@@ -30,36 +30,55 @@ EVAL_STATS = (
 )
 
 
+# The statistics whose sample standard deviation over the puzzles an eval record also carries, as
+# "{name}_puzzle_sd": the sampling interval of cell accuracy (trm/analysis/uncertainty.py) reads sd / sqrt(count).
+SD_STATS = ("accuracy",)
+
+
 class Tally:
-    """The float64 sums of an evaluation so far, per count and statistic, over its first `batches` batches.
+    """The float64 sums of an evaluation so far, per count and statistic, over its first `batches` batches, and
+    the sums of squares of the SD_STATS.
 
     Its record (`to_record`, JSON: a float64 written by Python round-trips exactly) lets a stopped evaluation
     continue where it stopped and end with exactly the figures of an unbroken one.
     """
 
-    def __init__(self, counts: Sequence[int], batches: int = 0, count: int = 0, sums=None) -> None:
+    def __init__(
+        self, counts: Sequence[int], batches: int = 0, count: int = 0, sums=None, squares=None
+    ) -> None:
         self.counts = tuple(counts)
         self.batches = batches
         self.count = count
         self.sums = np.zeros((len(self.counts), len(EVAL_STATS))) if sums is None else np.asarray(sums)
+        self.squares = np.zeros((len(self.counts), len(SD_STATS))) if squares is None else np.asarray(squares)
 
     def add(self, stats: dict[int, dict], real: np.ndarray) -> None:
         """One batch's per-row statistics, summed in row order."""
         self.sums += [
             [stats[k][name][real].sum(dtype=np.float64) for name in EVAL_STATS] for k in self.counts
         ]
+        self.squares += [
+            [np.square(stats[k][name][real], dtype=np.float64).sum() for name in SD_STATS]
+            for k in self.counts
+        ]
         self.count += int(real.sum())
         self.batches += 1
 
     def results(self) -> list[dict]:
-        """One record per count: {"steps": k, "count": puzzles, **EVAL_STATS means}."""
+        """One record per count: {"steps": k, "count": puzzles, **EVAL_STATS means, **"{SD_STATS}_sd"}, each sd
+        the sample standard deviation over the puzzles (n - 1 in the denominator; None below 2 puzzles)."""
+        n = self.count
         return [
             {
                 "steps": k,
-                "count": self.count,
-                **{name: float(v) / max(self.count, 1) for name, v in zip(EVAL_STATS, row, strict=True)},
+                "count": n,
+                **{name: float(v) / max(n, 1) for name, v in zip(EVAL_STATS, row, strict=True)},
+                **{
+                    f"{name}_puzzle_sd": _sample_sd(float(row[EVAL_STATS.index(name)]), float(square), n)
+                    for name, square in zip(SD_STATS, squares, strict=True)
+                },
             }
-            for k, row in zip(self.counts, self.sums, strict=True)
+            for k, row, squares in zip(self.counts, self.sums, self.squares, strict=True)
         ]
 
     def to_record(self) -> dict:
@@ -68,11 +87,24 @@ class Tally:
             "batches": self.batches,
             "count": self.count,
             "sums": self.sums.tolist(),
+            "squares": self.squares.tolist(),
         }
 
     @classmethod
-    def from_record(cls, record: dict) -> Tally:
-        return cls(record["counts"], record["batches"], record["count"], record["sums"])
+    def from_record(cls, record: dict) -> Tally | None:
+        """The tally `to_record` saved; None for one saved without sums of squares (by an older version), whose
+        evaluation cannot be continued to the same figures: it starts again."""
+        if "squares" not in record:
+            return None
+        return cls(record["counts"], record["batches"], record["count"], record["sums"], record["squares"])
+
+
+def _sample_sd(total: float, squares: float, n: int) -> float | None:
+    """The sample standard deviation of n values from their sum and sum of squares (None below 2 values).
+    The values are fractions or losses of order 1, summed in float64: the cancellation costs nothing visible."""
+    if n < 2:
+        return None
+    return float(np.sqrt(max(squares - total * total / n, 0.0) / (n - 1)))
 
 
 def parse_steps(text: str, option: str = "--steps") -> tuple[int, ...]:

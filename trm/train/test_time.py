@@ -26,7 +26,7 @@ In the run dir (names in trm/run/layout.py):
                              "curve_results"    the curve: every count on the same rows (the subset, or the
                                                 whole split), train.eval_steps included
                            written after each pass; what the workflow collects
-  test_time.progress.json  an unfinished pass: its float64 sums after its first N batches, written by process 0
+  test_time.progress.json  an unfinished pass: its float64 sums (and sums of squares) after its first N batches, written by process 0
                            every PROGRESS_EVERY_S, when the job is stopped (a preemption) and at the end of the
                            pass, before test_time.json (so a failed write of that, a full disk, loses nothing)
 
@@ -148,7 +148,7 @@ def _saved_tally(run_dir: str, key: dict) -> Tally:
     agree on where to continue (the stopped job's process 0 wrote it)."""
     url = layout.path(run_dir, layout.TEST_TIME_PROGRESS)
     saved = json.loads(storage.read_text(url)) if storage.exists(url) else {}
-    tally = Tally.from_record(saved["tally"]) if saved.get("key") == key else Tally(key["counts"])
+    tally = (Tally.from_record(saved["tally"]) if saved.get("key") == key else None) or Tally(key["counts"])
     distributed.check_hosts_agree(f"where the evaluation in {url} continues", f"batch {tally.batches}")
     return tally
 
