@@ -248,10 +248,12 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
         ("exp01", "not enough data"),
         ("exp04a", "not enough data"),
     ]
-    # The run dir in storage is named by the config hash, and holds the resolved config the summary carries.
+    # The run dir in storage is named by the config hash the summary carries, as is the run's job file, where the
+    # table read the config: the run dir's copy is the job file's, and the summary holds none.
     assert (run_dir / "_SUCCESS").exists() and table.loc[0, "config_hash"] == summary["config_hash"]
-    assert summary["config"] == json.loads((run_dir / "config.json").read_text())
-    assert summary["config"]["arch"]["hidden_size"] == width
+    job = read_job(str(results / "jobs" / f"{summary['config_hash']}.json"))
+    assert "config" not in summary and job.run.config == json.loads((run_dir / "config.json").read_text())
+    assert job.run.config["arch"]["hidden_size"] == width
 
     # The README's command as written, after a run of a selection: it reports the runs of the table.
     report = subprocess.run(
