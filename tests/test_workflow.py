@@ -305,7 +305,7 @@ def _relaunch_for_a_missing_count_and_share_a_run(workdir: Path) -> None:
     assert host_log.count("test-time evaluation of step counts 16,32") == 1
     assert host_log.count("test-time evaluation of step counts 8 ") == 1  # only the missing count
     first, second = ((workdir / path).read_text() for path in summaries[1:])
-    assert first == second and json.loads(first)["config"] == plan_study("smoke", ["exp01c"])[0].config
+    assert first == second and json.loads(first)["config_hash"] == plan_study("smoke", ["exp01c"])[0].hash
     logs = [(results / f"logs/train/{exp}.log").read_text() for exp in ("exp01c", "exp04a_1000")]
     assert "the run has not finished" in logs[0] and "[host 0]" in logs[0]
     assert "summarised" in logs[1] and "[host 0]" not in logs[1]  # the shared run trained once
