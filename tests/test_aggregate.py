@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from test_study import study
 
 from trm.analysis.judge import SUMMARY_FIELDS, is_fraction
 from trm.analysis.uncertainty import NO_INTERVAL, SAMPLING_ONLY, wilson_interval
@@ -15,16 +16,16 @@ from trm.cli import main as trm_main
 from trm.study.groups import GROUPS_PATH
 from trm.study.metrics import CURVE_METRICS, RUN_METRICS, SUMMARY_METRICS, TEST_TIME_METRICS
 from trm.study.plan import plan_study
+from trm.study.study import Study
 
 EXPERIMENTS = ("exp01a", "exp01c", "exp04a_1000")  # the last two share one run (both are baselines)
 
 
-def _summary(config: dict, config_hash: str, accuracy: float) -> dict:
-    """A summary as `trm summarize` writes it."""
+def _summary(config_hash: str, accuracy: float) -> dict:
+    """A summary as `trm summarize` writes it: the run's config hash and results (its config is its job file's)."""
     # Distinct values; a fraction stays one.
     metrics = {key: float(n) / (100 if is_fraction(key) else 1) for n, key in enumerate(SUMMARY_METRICS)}
     return {
-        "config": config,
         "config_hash": config_hash,
         "devices": 2,
         **metrics,
@@ -35,27 +36,40 @@ def _summary(config: dict, config_hash: str, accuracy: float) -> dict:
     }
 
 
+def finished_runs(planned: Study, accuracy: dict[str, float], wall_s: dict[str, float]) -> Path:
+    """The study's results folder as its jobs leave it for the table: each run's job file (written at parse time,
+    `Study.write_jobs`), and per run id its summary and its training job's benchmark."""
+    planned.write_jobs()
+    results = Path(planned.results)
+    for run_id, value in accuracy.items():
+        path = results / "runs" / f"{run_id}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(_summary(planned.plan[run_id].hash, value)))
+        benchmark = results / "benchmarks" / "train" / f"{run_id}.tsv"
+        benchmark.parent.mkdir(parents=True, exist_ok=True)
+        benchmark.write_text(f"s\th:m:s\n{wall_s[run_id]}\t1:00:00\n")
+    return results
+
+
 @pytest.fixture
 def results(tmp_path: Path) -> Path:
-    plan = {exp.id: exp for exp in plan_study("smoke", list(EXPERIMENTS))}
-    for n, exp_id in enumerate(EXPERIMENTS):
-        exp = plan[exp_id]
-        path = tmp_path / "runs" / f"{exp_id}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(_summary(exp.config, exp.hash, 0.1 * n)))
-        benchmark = tmp_path / "benchmarks" / "train" / f"{exp_id}.tsv"
-        benchmark.parent.mkdir(parents=True, exist_ok=True)
-        benchmark.write_text(
-            f"s\th:m:s\n{3600.0 * (n + 1)}\t1:00:00\n"
-        )  # the job that only summarised: short
-    return tmp_path
+    planned = study(tmp_path, {"experiments": list(EXPERIMENTS)})
+    accuracy = {exp_id: 0.1 * n for n, exp_id in enumerate(EXPERIMENTS)}
+    # The job that only summarised a shared run (the last) is short.
+    return finished_runs(
+        planned, accuracy, {exp_id: 3600.0 * (n + 1) for n, exp_id in enumerate(EXPERIMENTS)}
+    )
+
+
+def aggregate(results: Path, output: Path) -> int:
+    args = ["aggregate", *EXPERIMENTS, "--results", str(results), "--groups", str(GROUPS_PATH)]
+    args += ["--peak-flops", "5e10", "--utilization", "0.1", "--test-puzzles", "16", "--output", str(output)]
+    return trm_main(args)
 
 
 def test_the_table_is_the_summaries_metrics_in_the_registrys_order(results):
     output = results / "table"
-    args = ["aggregate", *EXPERIMENTS, "--results", str(results), "--groups", str(GROUPS_PATH)]
-    args += ["--peak-flops", "5e10", "--utilization", "0.1", "--test-puzzles", "16", "--output", str(output)]
-    assert trm_main(args) == 0
+    assert aggregate(results, output) == 0
     table = pd.read_csv(f"{output}.csv")
     columns = list(table.columns)
     assert columns[:8] == ["id", "group", "baseline", "varied", "config_hash", "seed", "run", "config_key"]
@@ -95,17 +109,23 @@ def test_the_table_is_the_summaries_metrics_in_the_registrys_order(results):
 
 def test_a_missing_summary_names_the_file_and_who_writes_it(results, capsys):
     (results / "runs/exp01c.json").unlink()
-    args = ["aggregate", *EXPERIMENTS, "--results", str(results), "--groups", str(GROUPS_PATH)]
-    args += [
-        "--peak-flops",
-        "5e10",
-        "--utilization",
-        "0.1",
-        "--test-puzzles",
-        "16",
-        "--output",
-        str(results / "t"),
-    ]
-    assert trm_main(args) == 2
+    assert aggregate(results, results / "t") == 2
     err = capsys.readouterr().err
     assert "runs/exp01c.json: missing (`trm summarize` writes it when the run has finished)" in err
+
+
+def test_each_runs_config_is_its_job_files(results, capsys):
+    """The table reads a run's config from its job file, named by the hash its summary carries: one that is
+    missing, or holds another run's job, is one line naming it."""
+    config_hash = json.loads((results / "runs/exp01a.json").read_text())["config_hash"]
+    job = results / "jobs" / f"{config_hash}.json"
+    record = json.loads(job.read_text())
+    job.unlink()
+    assert aggregate(results, results / "t") == 2
+    assert capsys.readouterr().err == (
+        f"trm aggregate: error: {job}: job file not found (the workflow writes RESULTS/SCALE/jobs/<hash>.json)\n"
+    )
+    job.write_text(json.dumps({**record, "config_hash": "0" * 12}))
+    assert aggregate(results, results / "t") == 2
+    err = capsys.readouterr().err
+    assert f"{job}: the job of config {'0' * 12}, not {config_hash}: rerun snakemake" in err

@@ -57,7 +57,6 @@ class Study:
             "launch",
             "--hosts",
             str(hosts),
-            "--",
             "--config",
             self.config,
             "--data",

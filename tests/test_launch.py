@@ -181,25 +181,42 @@ def test_hosts_that_do_not_stop_within_the_grace_are_killed(capsys, monkeypatch)
 
 
 def test_launch_rejects_bad_arguments(capsys):
-    assert trm(["launch", "--hosts", "0", "--", "--config", "c"]) == 2
+    assert trm(["launch", "--hosts", "0", "--config", "c"]) == 2
     assert "--hosts 0: must be >= 1" in capsys.readouterr().err
-    assert trm(["launch", "--hosts", "2"]) == 2
-    assert "no training arguments" in capsys.readouterr().err
-    assert trm(["launch", "--", "--config", "c", "--data", "d", "--run-dir", "r", "--process-id", "1"]) == 2
+    assert trm(["launch", "--hosts", "2", "--data", "d"]) == 2
+    assert "trm launch: error: no --config, --run-dir: trm launch --job FILE, or" in capsys.readouterr().err
+    assert trm(["launch", "--config", "c", "--data", "d", "--run-dir", "r", "--", "--process-id", "1"]) == 2
     assert "--process-id: the launcher sets the multi-host options itself" in capsys.readouterr().err
+    # The run's arguments are parsed once, by the launcher: after -- come only the trainer's other options.
+    assert trm(["launch", "--data", "d", "--run-dir", "r", "--", "--config", "c", "--log-every", "4"]) == 2
+    assert (
+        "--config: the run's arguments come before --; after -- only trainer options"
+        in capsys.readouterr().err
+    )
+
+
+def test_the_launchers_run_arguments_are_trm_trains():
+    """`trm launch` by hand takes the run's arguments that `trm train` defines (add_run_arguments), and knows each
+    by its name, to refuse it after -- or beside --job."""
+    from trm.launch.launch_command import RUN_ARGS
+    from trm.train.train_command import add_run_arguments
+
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser)
+    defined = {flag: action.dest for action in parser._actions for flag in action.option_strings}
+    defined.pop("--help"), defined.pop("-h")
+    assert defined == RUN_ARGS
 
 
 def test_a_bad_config_is_refused_once_before_any_host_starts(tmp_path, capsys):
     """The launcher resolves the run's config itself, once: a missing file or a batch the job's devices cannot
     split is refused before a host starts or the run dir is written."""
     run = ["--data", str(tmp_path), "--run-dir", str(tmp_path / "run")]
-    assert trm(["launch", "--hosts", "2", "--", "--config", str(tmp_path / "missing.yaml"), *run]) == 2
+    assert trm(["launch", "--hosts", "2", "--config", str(tmp_path / "missing.yaml"), *run]) == 2
     captured = capsys.readouterr()
     assert "missing.yaml: config file not found" in captured.err and "[host" not in captured.out
     base = str(Path(__file__).resolve().parents[1] / "config" / "base.yaml")
-    assert (
-        trm(["launch", "--hosts", "2", "--", "--config", base, *run, "--set=train.global_batch_size=9"]) == 2
-    )
+    assert trm(["launch", "--hosts", "2", "--config", base, *run, "--set=train.global_batch_size=9"]) == 2
     assert "train.global_batch_size=9 must be divisible by" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
@@ -215,7 +232,6 @@ def test_a_job_whose_trainers_fail_before_training_fails_at_once_with_a_failed_s
             "launch",
             "--hosts",
             "2",
-            "--",
             "--config",
             str(Path(__file__).resolve().parents[1] / "config" / "base.yaml"),
             "--data",

@@ -1,6 +1,6 @@
 """Job files (trm/launch/job.py) and `trm launch --job`: what a bad job file says, what may follow `--`, a batch the
-job's devices cannot split, the hash the job carries checked against the run dir's config by the trainer; and
-`trm status` taking its stale limit from the profile in use."""
+job's devices cannot split, the hash the job carries checked against the run dir's config by the trainer, the same
+job built by hand (`trm launch` without --job); and `trm status` taking its stale limit from the profile in use."""
 
 from __future__ import annotations
 
@@ -78,7 +78,11 @@ def test_launch_takes_only_trainer_options_after_a_job_and_refuses_a_batch_its_d
     path = str(tmp_path / "job.json")
     _job(tmp_path, tmp_path / "run").write(path)
     assert trm(["launch", "--job", path, "--", "--set=train.epochs=2"]) == 2
-    assert f"--set=train.epochs=2: the job file {path} gives the run" in capsys.readouterr().err
+    assert (
+        f"--set=train.epochs=2: the job file {path} gives the run; after -- only" in capsys.readouterr().err
+    )
+    assert trm(["launch", "--job", path, "--set=train.epochs=2", "--data", "d"]) == 2
+    assert f"--set, --data: the job file {path} gives the run" in capsys.readouterr().err
     assert trm(["launch", "--job", path, "--hosts", "2"]) == 2
     assert f"--hosts: the job file {path} gives the job's shape" in capsys.readouterr().err
     assert trm(["launch", "--job", path, "--platform", "gpu", "--devices-per-host", "2"]) == 2
@@ -124,3 +128,29 @@ def test_status_takes_the_stale_limit_of_the_profile_in_use(tmp_path, capsys):
     assert state() == "lost"  # config/config.yaml: 600 s
     assert state("--profile", "tpu-v4-64") == "running"  # its study file: 900 s
     assert state("--profile", "tpu-v4-64", "--stale-after", "60") == "lost"
+
+
+def test_by_hand_the_launcher_builds_the_job_a_job_file_would_hold(tmp_path, capsys):
+    """`trm launch` without --job parses the run's arguments once and resolves its config once, into the job a job
+    file would hold (written, it reads back equal); a bad one is refused before the run dir is written."""
+    from trm.cli import _build_parser
+    from trm.launch.launch_command import _job_by_hand
+
+    config = load_config(REPO / "config/base.yaml", TINY)
+    run = ["--config", str(REPO / "config/base.yaml"), *(f"--set={change}" for change in TINY)]
+    run += ["--data", str(tmp_path / "no-dataset"), "--run-dir", str(tmp_path / "run-{config_hash}")]
+    args = _build_parser("launch").parse_args(
+        ["launch", "--hosts", "2", *run, "--test-time-steps", "32,16", "--test-time-subset", "4", "--", "-x"]
+    )
+    job = _job_by_hand(args)
+    digest = config_hash(config)
+    assert job.run == Run(config, digest, str(tmp_path / "no-dataset"), str(tmp_path / f"run-{digest}"))
+    assert (job.test_time_steps, job.test_time_subset) == ((16, 32), 4)
+    assert (job.backend, job.hosts, job.devices_per_host, job.platform) == ("local", 2, 1, "cpu")
+    assert job.tpu == tpu_options.launcher_settings(tpu_options.defaults())
+    job.write(str(tmp_path / "job.json"))
+    assert read_job(str(tmp_path / "job.json")) == job
+    assert args.train_args == ["--", "-x"]  # the trainer's other options, passed to every host as they are
+    assert trm(["launch", *run, "--test-time-subset", "0"]) == 2
+    assert "trm launch: error: --test-time-subset 0: must be >= 1" in capsys.readouterr().err
+    assert not list(tmp_path.glob("run-*"))

@@ -38,9 +38,11 @@ RUN = {
 
 
 def _train_args(data: str, run_dir: Path, cache: Path, extra: dict) -> list[str]:
+    """`trm train`'s arguments: the run's, then (from --cache-dir on) the trainer's other options."""
     return [
         "--config",
         str(BASE_CONFIG),
+        *set_flags({**RUN, **extra}),
         "--data",
         data,
         "--run-dir",
@@ -49,7 +51,6 @@ def _train_args(data: str, run_dir: Path, cache: Path, extra: dict) -> list[str]
         str(cache),
         "--log-every",
         "4",
-        *set_flags({**RUN, **extra}),
     ]
 
 
@@ -66,8 +67,14 @@ def _launch(
         "--devices-per-host",
         str(devices),
     ]
+    # The run's arguments are the launcher's; the trainer's other options follow --.
+    options = train_args.index("--cache-dir")
     return subprocess.run(
-        [*cmd, "--", *train_args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+        [*cmd, *train_args[:options], "--", *train_args[options:]],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 

@@ -4,13 +4,12 @@ where the baseline's seeds measure the noise floor (trm/analysis/aggregate.py)."
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
-from test_aggregate import _summary
+from test_aggregate import finished_runs
 from test_study import REPO, refused, study
 from workflow_support import copy_workflow
 
@@ -95,18 +94,14 @@ def test_the_plan_prices_replicates_on_their_own_line(tmp_path):
 
 
 def test_the_table_groups_replicates_under_their_experiment_and_measures_the_floor(tmp_path):
-    planned = study(tmp_path / "plan", {"experiments": ["exp01a", "exp01c"]})
+    planned = study(tmp_path, {"experiments": ["exp01a", "exp01c"]})
     accuracy = {"exp01a": 0.30, "exp01c": 0.40, "exp01c~s1": 0.46, "exp01c~s2": 0.43}
-    for run_id, exp in planned.plan.items():
-        summary = _summary(exp.config, exp.hash, accuracy[run_id])
-        (tmp_path / "runs").mkdir(exist_ok=True)
-        (tmp_path / "benchmarks/train").mkdir(parents=True, exist_ok=True)
-        (tmp_path / "runs" / f"{run_id}.json").write_text(json.dumps(summary))
-        (tmp_path / "benchmarks/train" / f"{run_id}.tsv").write_text("s\th:m:s\n60.0\t0:01:00\n")
-    args = ["aggregate", *accuracy, "--results", str(tmp_path), "--groups", str(GROUPS_PATH)]
+    assert list(accuracy) == list(planned.plan)
+    results = finished_runs(planned, accuracy, dict.fromkeys(accuracy, 60.0))
+    args = ["aggregate", *accuracy, "--results", str(results), "--groups", str(GROUPS_PATH)]
     args += ["--peak-flops", "5e10", "--utilization", "0.1", "--test-puzzles", "16"]
-    assert trm_main([*args, "--output", str(tmp_path / "table")]) == 0
-    table = pd.read_csv(tmp_path / "table.csv").set_index("run")
+    assert trm_main([*args, "--output", str(results / "table")]) == 0
+    table = pd.read_csv(results / "table.csv").set_index("run")
     assert list(table["id"]) == ["exp01a", "exp01c", "exp01c", "exp01c"]
     assert table["config_key"].nunique() == 2 and table["config_hash"].nunique() == 4
     baseline = table.loc["exp01c"]

@@ -159,6 +159,8 @@ def test_same_config_experiments_share_one_run_and_one_job_file(tmp_path):
     planned.write_jobs()
     jobs = tmp_path / "results/smoke/jobs"
     assert sorted(p.name for p in jobs.iterdir()) == sorted({f"{e.hash}.json" for e in planned.plan.values()})
+    # What the aggregate rule takes as input, to read each run's config: the job files written, once each.
+    assert sorted(planned.job_files()) == sorted(str(p) for p in jobs.iterdir())
     for exp in planned.plan.values():
         job = read_job(planned.job_file(exp.id))
         assert job.run.config == exp.config and job.run.config_hash == exp.hash == config_hash(exp.config)

@@ -75,8 +75,9 @@ def test_a_finished_run_is_summarised_from_storage(storage_root, tmp_path):
     output = tmp_path / "runs" / "exp.json"
     assert summarize(run, output, "32,16") == 0
     summary = json.loads(output.read_text())
-    assert summary["config"] == CONFIG and (summary["config_hash"], summary["devices"]) == ("abc", 4)
-    assert set(SUMMARY_METRICS) <= set(summary)
+    # What identifies the run and what it measured; not its config, whose copy outside the run dir is its job file.
+    assert sorted(summary) == sorted(["config_hash", "devices", *SUMMARY_METRICS, "curve", "test_time"])
+    assert (summary["config_hash"], summary["devices"]) == ("abc", 4)
     assert summary["test_exact_accuracy"] == 0.8 and summary["test_cell_accuracy"] == 0.9
     best = (summary["best_test_exact_accuracy"], summary["best_test_epoch"], summary["best_test_puzzles"])
     assert best == (0.82, 20.0, 8192)

@@ -253,10 +253,12 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
         ("exp01", "not enough data"),
         ("exp04a", "not enough data"),
     ]
-    # The run dir in storage is named by the config hash, and holds the resolved config the summary carries.
+    # The run dir in storage is named by the config hash the summary carries, as is the run's job file, where the
+    # table read the config: the run dir's copy is the job file's, and the summary holds none.
     assert (run_dir / "_SUCCESS").exists() and table.loc[0, "config_hash"] == summary["config_hash"]
-    assert summary["config"] == json.loads((run_dir / "config.json").read_text())
-    assert summary["config"]["arch"]["hidden_size"] == width
+    job = read_job(str(results / "jobs" / f"{summary['config_hash']}.json"))
+    assert "config" not in summary and job.run.config == json.loads((run_dir / "config.json").read_text())
+    assert job.run.config["arch"]["hidden_size"] == width
 
     # The README's command as written, after a run of a selection: it reports the runs of the table.
     report = subprocess.run(
@@ -308,7 +310,7 @@ def _relaunch_for_a_missing_count_and_share_a_run(workdir: Path) -> None:
     assert host_log.count("test-time evaluation of step counts 16,32") == 1
     assert host_log.count("test-time evaluation of step counts 8 ") == 1  # only the missing count
     first, second = ((workdir / path).read_text() for path in summaries[1:])
-    assert first == second and json.loads(first)["config"] == plan_study("smoke", ["exp01c"])[0].config
+    assert first == second and json.loads(first)["config_hash"] == plan_study("smoke", ["exp01c"])[0].hash
     logs = [(results / f"logs/train/{exp}.log").read_text() for exp in ("exp01c", "exp04a_1000")]
     assert "the run has not finished" in logs[0] and "[host 0]" in logs[0]
     assert "summarised" in logs[1] and "[host 0]" not in logs[1]  # the shared run trained once

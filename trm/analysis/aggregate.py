@@ -4,8 +4,9 @@ r"""Gather every run of the study into one table (CSV and Parquet), the evaluati
         --peak-flops 5e10 --utilization 0.1 --test-puzzles 32 --output results/smoke/table exp01a exp01b
 
 Reads, per run id (an experiment id, or EXP~sK for its replicate k), RESULTS/runs/<id>.json (the run's summary,
-`trm summarize`: its resolved config and metrics) and RESULTS/benchmarks/train/<id>.tsv (Snakemake's benchmark of
-the training job: wall time). Writes OUTPUT.csv, OUTPUT.parquet (one row per run: its experiment `id` (replicates
+`trm summarize`: its config hash and measured results), the job file that hash names, RESULTS/jobs/<hash>.json
+(trm/launch/job.py: the run's resolved config, its one copy outside the run dir, read once per run), and
+RESULTS/benchmarks/train/<id>.tsv (Snakemake's benchmark of the training job: wall time). Writes OUTPUT.csv, OUTPUT.parquet (one row per run: its experiment `id` (replicates
 EXP~sK of experiment EXP are rows of EXP, told apart by `seed` and `run`), group, varied keys, config hash, seed,
 run id and `config_key` (the hash of the config without train.seed: equal for the replicates of one configuration,
 which the noise floor pools), then the metrics of trm/study/metrics.py's RUN_METRICS in that order, then the config
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING
 from trm import storage
 from trm.config import config_value
 from trm.errors import UserError
+from trm.launch.job import job_path, read_job
 from trm.study.estimate import accelerator_hours, evaluation_flops, model_costs, training_flops
 from trm.study.groups import REFERENCE_GROUP, load_groups, load_references
 from trm.study.metrics import CURVE_METRICS, RUN_METRICS, SUMMARY_METRICS, TEST_TIME_METRICS
@@ -46,6 +48,17 @@ def _read_json(path: Path) -> dict:
         return json.loads(path.read_text())
     except FileNotFoundError:
         raise UserError(f"{path}: missing (`trm summarize` writes it when the run has finished)") from None
+
+
+def _config_of(results: Path, config_hash: str) -> dict:
+    """The resolved config of the run `config_hash` names: its job file's, where the workflow wrote it."""
+    path = job_path(str(results), config_hash)
+    job = read_job(path)
+    if job.run.config_hash != config_hash:
+        raise UserError(
+            f"{path}: the job of config {job.run.config_hash}, not {config_hash}: rerun snakemake, which rewrites it"
+        )
+    return job.run.config
 
 
 def _wall_seconds(path: Path) -> float:
@@ -81,11 +94,14 @@ def aggregate(
         | {p["x"] for g in groups.values() for p in g["plots"] if "." in p["x"]}
     )
     rows, curves, test_time = [], [], []
+    configs: dict[str, dict] = {}  # by config hash: experiments with equal configs share one run and job file
     for run_id in ids:
         # A replicate's row (run EXP~sK) is a row of its experiment: `id` EXP, which every summary groups by.
         exp_id = experiment_of(run_id)
         summary = _read_json(results / "runs" / f"{run_id}.json")
-        config = summary["config"]
+        if summary["config_hash"] not in configs:
+            configs[summary["config_hash"]] = _config_of(results, summary["config_hash"])
+        config = configs[summary["config_hash"]]
         group = groups[exp_id]
         is_baseline = exp_id == group["baseline"]
         costs = model_costs(config)

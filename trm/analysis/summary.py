@@ -1,4 +1,4 @@
-"""Summarise a finished run, read from its run dir, as the one local file the results table reads of it.
+"""Summarise a finished run, read from its run dir, as the local file of its results that the results table reads.
 
     trm summarize RUN_DIR --test-time-steps 16,32 --output results/smoke/runs/exp01a.json
 
@@ -7,7 +7,10 @@ output is written in one piece at the end, so a local summary means the run fini
 lacks one of --test-time-steps is refused too (exit 2): the workflow then relaunches its job, and the trainer
 evaluates only the missing counts. Experiments sharing a run (one config hash) each get the same summary.
 
-The summary holds the run's resolved config (config.json), then its metrics (trm/study/metrics.py says what each
+The summary holds what identifies the run and what it measured, not its config (the table reads that from the run's
+job file, RESULTS/SCALE/jobs/<hash>.json, trm/launch/job.py: its one copy outside the run dir): the config hash
+(final.json's, which names that file and the run dir), the devices that trained it, then its metrics, computed with
+the run dir's config.json (trm/study/metrics.py says what each
 means): the final figures are the trainer's last evaluation on the full test split (EMA weights when EMA is on);
 the best_test_* figures are its best evaluation (final.json `best_test`), usually on a subset. Train-side figures
 come from metrics.jsonl: mean halt steps and train exact accuracy average the train records of the last
@@ -117,7 +120,6 @@ def summarize(run_dir: str, test_time_steps: tuple[int, ...]) -> dict:
         )
     test_time = select_counts(evaluation, test_time_steps, source)
     return {
-        "config": config,
         "config_hash": final["config_hash"],
         "devices": final["devices"],  # of the job that trained it (launch.per_experiment may differ)
         **run_metrics(config, records, final),

@@ -1,7 +1,8 @@
 """A job file: one run and how to launch it, everything `trm launch --job FILE` needs.
 
-The workflow writes one per distinct run, RESULTS/jobs/<config hash>.json (trm/study/study.py), from which its
-train rule runs `trm launch --job FILE`. A job file is canonical JSON with these keys:
+The workflow writes one per distinct run, RESULTS/jobs/<config hash>.json (`job_path`; trm/study/study.py), from
+which its train rule runs `trm launch --job FILE`; it is the one copy of a run's config outside its run dir, which
+the results table reads too (trm/analysis/aggregate.py). A job file is canonical JSON with these keys:
 
   config            the run's resolved config (what `trm config EXPERIMENT` prints, at the study's scale)
   config_hash       its hash (trm.config.config_hash), computed once by whoever wrote the file, then carried
@@ -22,6 +23,7 @@ the hash the job carries (`Job.trainer_arguments`).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 
 from trm import storage
@@ -44,6 +46,11 @@ KEYS = (
     "platform",
     "tpu",
 )
+
+
+def job_path(results: str, config_hash: str) -> str:
+    """The job file of the run with `config_hash` in the (local) results folder of one scale, RESULTS/SCALE."""
+    return os.path.join(results, "jobs", f"{config_hash}.json")
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,17 @@
 """Start `trm train` on every host of a job and wait for all of them.
 
     trm launch --job results/smoke/jobs/HASH.json [-- --log-every 10]
-    trm launch --hosts 2 --devices-per-host 2 -- --config C --data D --run-dir R [--set K=V ...]
+    trm launch --hosts 2 --devices-per-host 2 --config C --data D --run-dir R [--set K=V ...] [-- --log-every 10]
 
 A job file (trm/launch/job.py) holds everything about one run: its resolved config and hash, the dataset, the
 run dir, the test-time steps and the launch settings (backend, hosts, devices per host, the tpu-vm backend's
 settings). The workflow writes one per distinct run, RESULTS/SCALE/jobs/<hash>.json (also on a dry run:
 `snakemake -n --config experiments=[exp01a]` writes exp01a's), and its train rule runs `trm launch --job FILE`.
-After `--` may come `trm train` options that are not part of the run (--log-every, --cache-dir, --wandb).
-By hand, the second form launches on the local backend: after `--` come the arguments of `trm train`, whose run
-the launcher resolves itself.
+After `--` may come `trm train` options that are not part of the run (--log-every, --cache-dir, --wandb), passed
+to every host as they are. By hand, the second form launches on the local backend: it takes the run's arguments of
+`trm train` (--config, --set, --data, --run-dir, --test-time-steps, --test-time-subset; trm/train/train_command.py
+`add_run_arguments`), resolves the config once into the job a job file would hold, and launches that job as
+`--job` does.
 
 The launcher refuses a batch the job's devices cannot split, writes the run's config to RUN_DIR/config.json and
 starts every host's trainer on that copy with the hash the job carries. Before writing anything in the run dir
@@ -38,6 +40,7 @@ from trm.platform import LOCAL_PLATFORMS
 from trm.run import layout, spec
 from trm.run.lease import Lease
 from trm.run.lifetime import watch_controller
+from trm.train.train_command import add_run_arguments, final_evaluation
 
 # name -> module defining `check(job)` (bad settings, before anything is written) and
 # `launch(job, host_args, lease_lost) -> int`, which stops the job's trainers at once when the threading.Event
@@ -45,16 +48,17 @@ from trm.run.lifetime import watch_controller
 BACKENDS: dict[str, str] = {"local": "trm.launch.local", "tpu-vm": "trm.launch.tpu_vm"}
 # Trainer arguments the launcher sets itself on every host.
 RESERVED_ARGS = ("--coordinator", "--num-processes", "--process-id", "--distributed-auto")
-# Trainer arguments a job file gives (after `--job`, none may follow `--`).
-RUN_ARGS = (
-    "--config",
-    "--config-hash",
-    "--set",
-    "--data",
-    "--run-dir",
-    "--test-time-steps",
-    "--test-time-subset",
-)
+# The run's arguments (`add_run_arguments`), by their names in the parsed arguments: what a job file gives, so they
+# come with no --job, and never after `--`.
+RUN_ARGS = {
+    "--config": "config",
+    "--config-hash": "config_hash",
+    "--set": "overrides",
+    "--data": "data",
+    "--run-dir": "run_dir",
+    "--test-time-steps": "test_time_steps",
+    "--test-time-subset": "test_time_subset",
+}
 EXIT_LEASE_LOST = 1  # another launcher took the run over while this one trained it (it says so on stdout)
 
 
@@ -67,7 +71,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=LOCAL_PLATFORMS,
         help="without --job: what the hosts run on (cpu, the default; gpu: the machine's NVIDIA GPUs; auto)",
     )
-    parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then arguments of `trm train`")
+    add_run_arguments(
+        parser.add_argument_group("without --job: the run, as `trm train` takes it"), required=False
+    )
+    parser.add_argument(
+        "train_args",
+        nargs=argparse.REMAINDER,
+        help="-- then trainer options that are not the run's (e.g. --log-every)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -77,6 +88,9 @@ def main(args: argparse.Namespace) -> int:
     reserved = [arg for arg in train_args if arg.split("=")[0] in RESERVED_ARGS]
     if reserved:
         raise UserError(f"{reserved[0]}: the launcher sets the multi-host options itself")
+    if run_args := [arg for arg in train_args if arg.split("=")[0] in RUN_ARGS]:
+        where = f"the job file {args.job} gives the run" if args.job else "the run's arguments come before --"
+        raise UserError(f"{run_args[0]}: {where}; after -- only trainer options")
     if args.job:
         shape = {
             "--hosts": args.hosts,
@@ -85,14 +99,11 @@ def main(args: argparse.Namespace) -> int:
         }
         if given := [flag for flag, value in shape.items() if value is not None]:
             raise UserError(f"{', '.join(given)}: the job file {args.job} gives the job's shape")
-        given = [arg for arg in train_args if arg.split("=")[0] in RUN_ARGS]
-        if given:
-            raise UserError(
-                f"{given[0]}: the job file {args.job} gives the run; after -- only trainer options"
-            )
-        job, options = read_job(args.job), train_args
+        if given := [flag for flag, name in RUN_ARGS.items() if getattr(args, name) not in (None, "", [])]:
+            raise UserError(f"{', '.join(given)}: the job file {args.job} gives the run")
+        job = read_job(args.job)
     else:
-        job, options = _job_by_hand(args, train_args)
+        job = _job_by_hand(args)
     if problem := batch_split_problem(job.run.config["train"], job.devices):
         raise UserError(f"{problem} (hosts {job.hosts} x devices_per_host {job.devices_per_host})")
     if job.backend not in BACKENDS:
@@ -104,26 +115,29 @@ def main(args: argparse.Namespace) -> int:
     with contextlib.nullcontext() if layout.finished(job.run.run_dir) else lease.held():
         layout.claim(job.run.run_dir, job.run.config, job.run.config_hash)  # what every host trains
         watch_controller()  # a workflow's job: stop (as on SIGTERM) if Snakemake is killed
-        code = backend.launch(job, [*job.trainer_arguments(), *options], lease.lost)
+        code = backend.launch(job, [*job.trainer_arguments(), *train_args], lease.lost)
     return EXIT_LEASE_LOST if lease.lost.is_set() else code
 
 
-def _job_by_hand(args: argparse.Namespace, train_args: list[str]) -> tuple[Job, list[str]]:
-    """The local job of `--hosts`, `--devices-per-host` and `trm train`'s arguments, and the trainer's other
-    options (passed on to every host unchanged)."""
-    if not train_args:
-        raise UserError(
-            "no training arguments: trm launch --job FILE, or trm launch [options] -- --config C --data D --run-dir R"
-        )
+def _job_by_hand(args: argparse.Namespace) -> Job:
+    """The local job of `--hosts`, `--devices-per-host`, `--platform` and the run's arguments, its config resolved
+    once: the job its job file would hold."""
     hosts = 1 if args.hosts is None else args.hosts
     devices_per_host = 1 if args.devices_per_host is None else args.devices_per_host
     if hosts < 1:
         raise UserError(f"--hosts {hosts}: must be >= 1")
     if devices_per_host < 1:
         raise UserError(f"--devices-per-host {devices_per_host}: must be >= 1")
-    run, options = spec.split(train_args)
+    if missing := [
+        flag for flag in ("--config", "--data", "--run-dir") if getattr(args, RUN_ARGS[flag]) is None
+    ]:
+        raise UserError(
+            f"no {', '.join(missing)}: trm launch --job FILE, or trm launch --config C --data D --run-dir R"
+        )
+    steps, subset = final_evaluation(args)
     tpu = tpu_options.launcher_settings(tpu_options.defaults())
-    return Job(run, (), "local", hosts, devices_per_host, tpu, platform=args.platform or "cpu"), options
+    platform = args.platform or "cpu"
+    return Job(spec.resolve(args), steps, "local", hosts, devices_per_host, tpu, subset, platform)
 
 
 def log(message: str) -> None:

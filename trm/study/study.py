@@ -14,7 +14,8 @@ Each experiment runs `replicates.SCALE` seeds: replicate k (id EXP~sK, k >= 1) i
 train.seed + k, planned as a run of its own; replicate 0 is the experiment itself (id EXP).
 Experiments with the same resolved config (every group's baseline) share one run: the first with that config
 hash trains it, the others only collect it. Each distinct run has one job file, RESULTS/jobs/<hash>.json
-(trm/launch/job.py), written by `write_jobs`; the train rule runs `trm launch --job FILE`.
+(trm/launch/job.py), written by `write_jobs`; the train rule runs `trm launch --job FILE`, and the aggregate rule
+reads each run's config there (`job_files`).
 
 Shell commands: settings are shared files (profiles, study files), so none may become shell code. Commands are
 argument lists, never pre-joined text, and every placeholder of a rule's shell command is quoted with `:q`
@@ -31,7 +32,7 @@ from collections.abc import Callable
 from trm.config import experiment_ids
 from trm.errors import UserError
 from trm.launch import slice_ledger, tpu_options
-from trm.launch.job import Job
+from trm.launch.job import Job, job_path
 from trm.run.spec import Run
 from trm.storage import GCS_SCHEMES, check_url
 from trm.storage import join as url_join
@@ -254,7 +255,11 @@ class Study:
 
     def job_file(self, exp_id: str) -> str:
         """The job file of an experiment's run (shared by the experiments of that run)."""
-        return os.path.join(self.results, "jobs", f"{self.plan[exp_id].hash}.json")
+        return job_path(self.results, self.plan[exp_id].hash)
+
+    def job_files(self) -> list[str]:
+        """The job file of each distinct run: what `write_jobs` writes, and the table reads each run's config from."""
+        return [self.job_file(first) for first in self.runs()]
 
     def job(self, exp_id: str) -> Job:
         """The job that trains an experiment's run, as its run's first experiment launches it."""
@@ -298,7 +303,7 @@ class Study:
 
     def run_summary(self, exp_id: str) -> str:
         """The local summary of an experiment's run (`trm summarize`): the train job's one output, what the table
-        reads of the run."""
+        reads of the run's results (its config: the job file)."""
         return os.path.join(self.results, "runs", f"{exp_id}.json")
 
     def trained_first(self, exp_id: str) -> list[str]:

@@ -42,14 +42,10 @@ from trm.train.hostlog import HostLog
 from trm.train.records import parse_steps
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    spec.add_arguments(parser)
-    parser.add_argument(
-        "--cache-dir",
-        default=DATASET_CACHE,
-        help="local cache for the dataset copy (default: %(default)s, or $TRM_CACHE_DIR)",
-    )
-    parser.add_argument("--log-every", type=int, default=50, help="train metrics every N steps (default 50)")
+def add_run_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    """What a job file holds of these arguments (trm/launch/job.py): the run (trm/run/spec.py) and its final
+    evaluation's test-time steps and subset; `trm launch` takes the same ones by hand."""
+    spec.add_arguments(parser, required)
     parser.add_argument(
         "--test-time-steps",
         default="",
@@ -65,6 +61,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "and train.eval_steps on the whole split (default: every count on the whole split; the workflow's "
         "test_time_subset)",
     )
+
+
+def final_evaluation(args: argparse.Namespace) -> tuple[tuple[int, ...], int | None]:
+    """The test-time step counts and subset of parsed `add_run_arguments` arguments; a UserError for a bad one."""
+    steps = parse_steps(args.test_time_steps, "--test-time-steps") if args.test_time_steps else ()
+    if args.test_time_subset is not None and args.test_time_subset < 1:
+        raise UserError(f"--test-time-subset {args.test_time_subset}: must be >= 1")
+    return steps, args.test_time_subset
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_run_arguments(parser)
+    parser.add_argument(
+        "--cache-dir",
+        default=DATASET_CACHE,
+        help="local cache for the dataset copy (default: %(default)s, or $TRM_CACHE_DIR)",
+    )
+    parser.add_argument("--log-every", type=int, default=50, help="train metrics every N steps (default 50)")
     parser.add_argument(
         "--wandb",
         action="store_true",
@@ -102,9 +116,7 @@ def _train(args: argparse.Namespace, host_log: HostLog, timings: Timings) -> int
     run = spec.resolve(args)
     if args.log_every < 1:
         raise UserError(f"--log-every {args.log_every}: must be >= 1")
-    test_time_steps = parse_steps(args.test_time_steps, "--test-time-steps") if args.test_time_steps else ()
-    if args.test_time_subset is not None and args.test_time_subset < 1:
-        raise UserError(f"--test-time-subset {args.test_time_subset}: must be >= 1")
+    test_time_steps, test_time_subset = final_evaluation(args)
     try:
         with timings.phase("setup"):
             trainer = Trainer(
@@ -117,7 +129,7 @@ def _train(args: argparse.Namespace, host_log: HostLog, timings: Timings) -> int
                 host_log,
                 test_time_steps,
                 timings,
-                test_time_subset=args.test_time_subset,
+                test_time_subset=test_time_subset,
                 config_hash=run.config_hash,
             )
     except BaseException as err:

@@ -7,6 +7,8 @@ VERDICTS = os.path.join(RESULTS, "verdicts")
 rule aggregate:
     input:
         summaries=[study.run_summary(exp) for exp in PLAN],
+        # Each run's config: read from its job file (a summary holds its hash and results, not its config).
+        jobs=study.job_files(),
         groups="config/groups.yaml",
     output:
         csv=report(
