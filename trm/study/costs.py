@@ -89,6 +89,7 @@ class Costs:
         cache.save()
 
     def accelerator_of(self, exp_id: str) -> str:
+        """The slice type of the experiment's job (launch.tpu.accelerator_type, or its launch.per_experiment one)."""
         return self.study.job_launch(exp_id)["tpu"]["accelerator_type"]
 
     def compile_dir(self, exp_id: str) -> str:
@@ -122,12 +123,16 @@ class Costs:
     def _compiled_seconds(self, exp) -> tuple[dict, str] | None:
         """The roofline step times of a run on the TPU slice and the file they come from, from this machine's
         compiles, else the repository's; None when neither holds its step (of this code and config)."""
-        if self.study.backend != "tpu-vm" or self.study.scale != "paper":
+        if not self._uses_compiled_figures():
             return None
         for folder in (self.compile_dir(exp.id), self.committed_dir(exp.id)):
             if seconds := compiled_step_seconds(exp.config, folder):
                 return seconds, os.path.join(folder, f"{step_hash(exp.config)}.json")
         return None
+
+    def _uses_compiled_figures(self) -> bool:
+        """Compiled figures apply to a TPU study at the paper scale (the steps `trm compile-check` compiles)."""
+        return self.study.backend == "tpu-vm" and self.study.scale == "paper"
 
     def _assumed(self) -> str:
         return f"an assumed {self.accelerator['utilization']:.0%} of peak"
@@ -186,7 +191,7 @@ class Costs:
         """Where a TPU study's compiled figures come from (the folders, runs from each), and which runs have none
         for their step and this code, named when few; None where no figures apply (not a TPU study at paper scale)."""
         study = self.study
-        if study.backend != "tpu-vm" or study.scale != "paper":
+        if not self._uses_compiled_figures():
             return None
         folders = collections.Counter(os.path.dirname(self.compiled[r]) for r in runs if r in self.compiled)
         found = ", ".join(f"{n} runs from {folder}/" for folder, n in sorted(folders.items()))

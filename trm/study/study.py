@@ -156,7 +156,8 @@ class Study:
     # ------------------------------------------------------------------------------------------- checks
 
     def _with_source(self, key: str, check: Callable, *args) -> None:
-        """Run `check(*args)`; its UserError becomes one line starting with where setting `key` was set."""
+        """Run `check(*args)`; its UserError becomes one line starting with where setting `key` was set. A placeholder
+        bucket is kept (`placeholder_storage`), not raised: a dry run reaches no storage."""
         try:
             check(*args)
         except PlaceholderBucket as err:
