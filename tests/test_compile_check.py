@@ -161,7 +161,7 @@ def test_the_plan_reads_this_machines_figures_then_the_committed_ones_and_never_
     ), figures
 
     # The compiled_figures target: the committed folder holds this machine's figures of the selection, no others.
-    costs.commit_figures([str(mine)])
+    assert costs.commit_figures([str(mine)]) == [str(committed / mine.name)]
     assert sorted(committed.parent.rglob("*.json")) == [committed / mine.name]
     assert (committed / mine.name).read_text() == mine.read_text()
 

@@ -110,15 +110,18 @@ class Costs:
             steps.setdefault(os.path.join(self.compile_dir(exp_id), f"{step}.json"), exp_id)
         return steps
 
-    def commit_figures(self, paths: list[str]) -> None:
+    def commit_figures(self, paths: list[str]) -> list[str]:
         """The compiled_figures target: the repository's compiled figures replaced by `paths` (this machine's
-        compiles of the selected experiments' steps, `compile_steps`), each into its accelerator's folder."""
+        compiles of the selected experiments' steps, `compile_steps`), each into its accelerator's folder; the
+        files written."""
         for stale in glob.glob(os.path.join(self.study.compiled_dir, "*", "*.json")):
             os.remove(stale)
+        written = []
         for path in paths:
             folder = os.path.join(self.study.compiled_dir, os.path.basename(os.path.dirname(path)))
             os.makedirs(folder, exist_ok=True)
-            shutil.copyfile(path, os.path.join(folder, os.path.basename(path)))
+            written.append(shutil.copyfile(path, os.path.join(folder, os.path.basename(path))))
+        return written
 
     def _compiled_seconds(self, exp) -> tuple[dict, str] | None:
         """The roofline step times of a run on the TPU slice and the file they come from, from this machine's

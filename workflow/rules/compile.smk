@@ -39,5 +39,8 @@ rule compile_step:
 rule compiled_figures:
     input:
         lambda wildcards: list(study.costs.compile_steps),
+    log:
+        os.path.join(config["results"], "compile", "compiled_figures.log"),
     run:
-        study.costs.commit_figures(input)
+        with open(log[0], "w") as stream:  # the files written
+            print(*study.costs.commit_figures(input), sep="\n", file=stream)
