@@ -27,20 +27,21 @@ localrules:
     plot_group,
     compile_check,
     compile_step,
+    compiled_figures,
 
 
 
-# Before the first job: SIGINT and SIGTERM (like Ctrl-C) stop every running job through its checkpoint, and
-# Snakemake then exits 128 + the signal (trm/study/interrupts.py; README "Stopping a study"). Of a TPU study (not
-# in dry runs): gcloud, credentials, the bucket, the TPU API, the slices and ssh, each failure with its fix
-# (trm preflight; launch.tpu.preflight: false skips it).
+# Before the first job (never in dry runs): SIGINT and SIGTERM (like Ctrl-C) stop every running job through its
+# checkpoint, and Snakemake then exits 128 + the signal (trm/study/interrupts.py; README "Stopping a study"). When a
+# job to run reaches storage or a slice: a placeholder bucket is refused and, of a TPU study, gcloud, credentials,
+# the bucket, the TPU API, the slices and ssh are checked, each failure with its fix (trm preflight;
+# launch.tpu.preflight: false skips it); compile_check and dataset builds need none of it (Study.check_before_jobs).
 onstart:
     interrupts.install()
-    if config["launch"]["backend"] == "tpu-vm" and config["launch"]["tpu"]["preflight"]:
-        import subprocess
-
-        if subprocess.run(study.preflight_command()).returncode != 0:
-            raise WorkflowError("trm preflight failed (above): fix what it names, then rerun")
+    try:
+        study.check_before_jobs({job.rule.name for job in workflow.dag.needrun_jobs()})
+    except UserError as err:
+        raise WorkflowError(str(err)) from None
 
 
 # At the end of a TPU study, failed or not: the slices it created that still exist (they bill until deleted), each

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from workflow_support import TPU_PROFILE, study
 
 from trm.config import experiment_path, load_config
+from trm.launch import accelerators
 from trm.launch.accelerators import ACCELERATORS, GIB, PACKAGE, STEP_SOURCES, step_hash, step_source_digest
 from trm.launch.compile_check import fit_problem, roofline_seconds
 from trm.study.estimate import compiled_run_hours, compiled_step_seconds, evaluation_passes, training_steps
@@ -107,12 +109,69 @@ def test_roofline_is_the_slower_of_compute_and_memory_and_plans_a_run_from_it(tm
     }
 
 
+def _keep(folder: Path, config: dict, train_seconds: float) -> Path:
+    """Figures of `config`'s steps in `folder` as compile-check keeps them: a train step of `train_seconds` on a
+    v4-64 (compute-bound), an evaluation step of 0.1 s."""
+    path = folder / f"{step_hash(config)}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figures = _figures(config, _step(1, flops=train_seconds * 275e12), _step(1, flops=27.5e12))
+    path.write_text(json.dumps(figures))
+    return path
+
+
+def test_the_plan_reads_this_machines_figures_then_the_committed_ones_and_never_stale_ones(
+    tmp_path, monkeypatch
+):
+    configs = {e: load_config(experiment_path(e)) for e in ("exp06_a", "exp06_b", "exp06_c", "exp06_d")}
+    local, committed = tmp_path / "results/compile/v4-64", tmp_path / "committed/v4-64"
+    mine = _keep(local, configs["exp06_a"], 2.0)
+    _keep(committed, configs["exp06_a"], 1.0)  # this machine's compile wins
+    theirs = _keep(committed, configs["exp06_b"], 1.0)
+    # exp06_c's step compiled from other code (another digest of the step's sources) and exp06_d's at another
+    # batch: other hashes, so not found.
+    with monkeypatch.context() as other_code:
+        other_code.setattr(accelerators, "_installed_step_source_digest", lambda: b"the code before")
+        _keep(committed, configs["exp06_c"], 1.0)
+    _keep(
+        committed,
+        {**configs["exp06_d"], "train": {**configs["exp06_d"]["train"], "global_batch_size": 64}},
+        1.0,
+    )
+
+    settings = {
+        "experiments": list(configs),
+        "storage": "gs://trm-bucket/s",
+        "replicates": {"paper": {"baseline": 1}},
+    }
+    costs = study(tmp_path, settings, profile=TPU_PROFILE, compiled=committed.parent).costs
+    assert costs.compiled == {"exp06_a": str(mine), "exp06_b": str(theirs)}
+    subset = yaml.safe_load((REPO / "config/config.yaml").read_text())["test_time_subset"]["paper"]
+    for exp_id, train in (("exp06_a", 2.0), ("exp06_b", 1.0)):
+        hours = compiled_run_hours(
+            configs[exp_id], {"train": train, "eval": 0.1}, 32, 423_168, [16, 32, 64, 128], subset
+        )
+        assert costs.hours[exp_id] == hours
+    assert f"at its compiled steps' roofline times ({theirs}), a best case" in costs.message("exp06_b")
+    assert all("at an assumed 40% of peak" in costs.message(e) for e in ("exp06_c", "exp06_d"))
+    (figures,) = [line for line in costs.summary().splitlines() if line.startswith("  figures:")]
+    assert figures.startswith(
+        f"  figures:    compiled steps of 1 runs from {committed}/, 1 runs from {local}/; assumed for exp06_c, "
+        f"exp06_d: no figures of their step, for this code and config, in {tmp_path / 'results/compile'}/ or "
+        f"{committed.parent}/"
+    ), figures
+
+    # The compiled_figures target: the committed folder holds this machine's figures of the selection, no others.
+    assert costs.commit_figures([str(mine)]) == [str(committed / mine.name)]
+    assert sorted(committed.parent.rglob("*.json")) == [committed / mine.name]
+    assert (committed / mine.name).read_text() == mine.read_text()
+
+
 @pytest.mark.slow
 def test_dry_run_uses_compiled_steps_where_they_exist_and_says_which(workdir, tmp_path):
     config = load_config(experiment_path("exp06_a"))
-    compiled = workdir / "results" / "compile" / "v4-64" / f"{step_hash(config)}.json"
-    compiled.parent.mkdir(parents=True)
-    compiled.write_text(json.dumps(_figures(config, _step(1, flops=275e12), _step(1, flops=27.5e12))))
+    shutil.rmtree(workdir / "config/compiled")  # the repository's figures: only exp06_b's, below
+    _keep(workdir / "results/compile/v4-64", config, 1.0)
+    _keep(workdir / "config/compiled/v4-64", load_config(experiment_path("exp06_b")), 1.0)
     env = {**os.environ, "PATH": str(Path(sys.executable).parent), "HOME": str(tmp_path)}
     done = subprocess.run(
         [
@@ -135,15 +194,19 @@ def test_dry_run_uses_compiled_steps_where_they_exist_and_says_which(workdir, tm
     lines = {
         line.split("train ")[1].split(":")[0]: line for line in output.splitlines() if ": train exp06" in line
     }
-    assert "compiled steps' roofline" in lines["exp06_a"], lines["exp06_a"]
-    assert all("assumed 40% of peak" in lines[f"exp06_{x}"] for x in "bcdef"), lines
+    assert "compiled steps' roofline times (results/compile/v4-64/" in lines["exp06_a"], lines["exp06_a"]
+    assert "compiled steps' roofline times (config/compiled/v4-64/" in lines["exp06_b"], lines["exp06_b"]
+    assert all("assumed 40% of peak" in lines[f"exp06_{x}"] for x in "cdef"), lines
     subset = yaml.safe_load((workdir / "config/config.yaml").read_text())["test_time_subset"]["paper"]
     hours = compiled_run_hours(config, {"train": 1.0, "eval": 0.1}, 32, 423_168, [16, 32, 64, 128], subset)
     job = output[output.index("train exp06_a:") :]
     assert f"training:   {hours['training']:.4g} TPU v4 chip-hours" in job.splitlines()[1], job[:500]
     assert f"evaluation: {hours['evaluation']:.4g} TPU v4 chip-hours" in job.splitlines()[2], job[:500]
-    assert "1 runs at their compiled steps' roofline times" in output  # the study's line
-    assert "8 at an assumed 40% of peak" in output  # exp06_b to f, ref_paper and exp06_c's 2 replicates
+    assert "2 runs at their compiled steps' roofline times" in output  # the study's line
+    assert "7 at an assumed 40% of peak" in output  # exp06_c to f, ref_paper and exp06_c's 2 replicates
+    assert (
+        "compiled steps of 1 runs from config/compiled/v4-64/, 1 runs from results/compile/v4-64/" in output
+    )
 
 
 def test_without_libtpu_the_command_says_how_to_install_it():

@@ -4,12 +4,12 @@ and the plan's scales and cost model. The Snakemake layer over it is tested in t
 
 from __future__ import annotations
 
-import copy
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
+from workflow_support import TPU_PROFILE, study
 
 from trm.config import config_hash
 from trm.errors import UserError
@@ -19,57 +19,9 @@ from trm.study.groups import load_groups
 from trm.study.plan import dataset_name, plan_study
 from trm.study.scale import SMOKE, SMOKE_POOL
 from trm.study.settings import setting_source
-from trm.study.study import TRM, Study
+from trm.study.study import CLOUD_RULES, TRM, Study
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULTS = yaml.safe_load((REPO / "config/config.yaml").read_text())
-TPU_PROFILE = yaml.safe_load((REPO / "profiles/tpu-v4-64/study.yaml").read_text())
-
-
-def _merge(into: dict, changes: dict) -> dict:
-    for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            _merge(into[key], value)
-        else:
-            into[key] = value
-    return into
-
-
-def _set_keys(changes: dict, prefix: str = "") -> set[str]:
-    """Every dotted key `changes` sets, with its parents ("launch", "launch.hosts")."""
-    keys = set()
-    for key, value in changes.items():
-        keys.add(prefix + key)
-        if isinstance(value, dict):
-            keys |= _set_keys(value, f"{prefix}{key}.")
-    return keys
-
-
-def study(
-    tmp_path: Path, changes: dict | None = None, *, profile: dict | None = None, reporting=False
-) -> Study:
-    """The Study of config/config.yaml <- `profile` (a study file) <- `changes` (as from --config), its results and
-    storage in `tmp_path`."""
-    changes = copy.deepcopy(changes or {})
-    settings = _merge(copy.deepcopy(DEFAULTS), {"results": str(tmp_path / "results")})
-    settings["storage"] = str(tmp_path / "storage")
-    _merge(settings, copy.deepcopy(profile or {}))
-    _merge(settings, changes)
-    on_command_line, in_profile = _set_keys(changes), _set_keys(profile or {})
-
-    def source_of(dotted: str) -> str:
-        if dotted in on_command_line:
-            return "--config"
-        return "profiles/tpu-v4-64/study.yaml" if dotted in in_profile else "config/config.yaml"
-
-    return Study(
-        settings,
-        source_of,
-        str(REPO / "workflow/schemas/config.schema.yaml"),
-        str(REPO / "config/experiments"),
-        str(REPO / "config/groups.yaml"),
-        reporting,
-    )
 
 
 def refused(tmp_path: Path, changes: dict, **kwargs) -> str:
@@ -359,3 +311,40 @@ def _get(config: dict, dotted: str):
     for key in dotted.split("."):
         config = config[key]
     return config
+
+
+# ------------------------------------------------------------------------------------------ before the first job
+
+
+def test_only_a_job_that_reaches_storage_or_a_slice_needs_a_real_bucket_and_the_preflight(
+    tmp_path, monkeypatch
+):
+    preflights = []
+
+    def preflight(argv, **kwargs):
+        preflights.append(argv)
+        return subprocess.CompletedProcess(argv, returncode=len(preflights) - 1)  # passes, then fails
+
+    monkeypatch.setattr(subprocess, "run", preflight)
+    shipped = study(
+        tmp_path / "shipped", {"experiments": ["exp01a"]}, profile=TPU_PROFILE
+    )  # gs://YOUR-BUCKET
+    assert shipped.placeholder_storage.startswith(
+        "profiles/tpu-v4-64/study.yaml: storage 'gs://YOUR-BUCKET/trm-study': YOUR-BUCKET is a placeholder"
+    )
+    shipped.check_before_jobs({"compile_step", "smoke_pool", "build_dataset"})  # all on this machine
+    with pytest.raises(UserError, match="YOUR-BUCKET is a placeholder"):
+        shipped.check_before_jobs({"build_dataset", "stage_dataset"})
+    assert preflights == []
+
+    planned = study(
+        tmp_path / "set", {"experiments": ["exp01a"], "storage": "gs://trm-bucket/s"}, profile=TPU_PROFILE
+    )
+    assert planned.placeholder_storage is None
+    planned.check_before_jobs({"compile_step"})
+    planned.check_before_jobs({"train", "aggregate"})
+    assert preflights == [planned.preflight_command()]
+    with pytest.raises(UserError, match="trm preflight failed"):
+        planned.check_before_jobs({"stage_dataset"})
+    rules = "".join(path.read_text() for path in (REPO / "workflow/rules").glob("*.smk"))
+    assert all(f"\nrule {name}:" in rules for name in CLOUD_RULES)

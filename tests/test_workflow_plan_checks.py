@@ -4,6 +4,7 @@ an unknown key in any settings file; each message names the file (or --config) t
 from __future__ import annotations
 
 import itertools
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -83,14 +84,43 @@ def test_unknown_keys_name_the_file_that_holds_them(workdir):
 
 
 def test_bad_storage_names_where_it_was_set(workdir):
-    code, output = dry_run(workdir, *PROFILE)
-    assert code != 0
-    assert (
-        "profiles/tpu-v4-64/study.yaml: storage 'gs://YOUR-BUCKET/trm-study': YOUR-BUCKET is a placeholder"
-        in output
-    )
     code, output = dry_run(workdir, "--config", "storage=s3://bucket/study")
     assert code != 0 and "--config: unsupported storage 's3://bucket/study'" in output
+
+
+def test_a_placeholder_bucket_warns_in_a_dry_run_and_stops_a_run_that_reaches_storage(workdir):
+    placeholder = (
+        "profiles/tpu-v4-64/study.yaml: storage 'gs://YOUR-BUCKET/trm-study': YOUR-BUCKET is a placeholder"
+    )
+    # The dry run reaches no storage: it prints the plan, and the placeholder on a line of its own.
+    code, output = dry_run(workdir, *PROFILE)
+    assert code == 0 and "67 experiments" in output and "  price:      $" in output, output[-3000:]
+    (warning,) = [line for line in output.splitlines() if "is a placeholder" in line]
+    assert warning.startswith(f"warning: {placeholder}") and warning.endswith("(needed before a real run)")
+
+    # A real run refuses before its first job (the smoke pool and datasets are built on this machine first)...
+    done = run(workdir, "--config", "scale=smoke", "storage=gs://YOUR-BUCKET/s", "experiments=[exp01a]")
+    output = done.stdout + done.stderr
+    assert (
+        done.returncode != 0
+        and "--config: storage 'gs://YOUR-BUCKET/s': YOUR-BUCKET is a placeholder" in output
+    )
+    assert not (workdir / "results/smoke/pool").exists() and not (workdir / "results/smoke/datasets").exists()
+    # ...but a job that reaches neither storage nor a slice runs, and a TPU study skips the preflight for it
+    # (this machine has no gcloud: the preflight would fail).
+    done = run(workdir, *PROFILE, "results/paper/pool/train.csv")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert (
+        "preflight" not in done.stdout + done.stderr and (workdir / "results/paper/pool/test.csv").is_file()
+    )
+
+
+def run(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    """A real run on one core, with no gcloud on the PATH (only the venv's commands) and a HOME of its own."""
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent), "HOME": str(workdir)}
+    return subprocess.run(
+        [SNAKEMAKE, "--cores", "1", *args], cwd=workdir, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_nested_settings_from_the_command_line_are_typed_and_errors_are_one_line(workdir):

@@ -144,7 +144,6 @@ def test_real_run_of_the_dataset_stages_runs_no_injected_command(workdir, tmp_pa
         ("s3://bucket/study", "unsupported storage 's3://bucket/study'"),
         ("http://example.com/study", "unsupported storage"),
         ("gs://", "has no bucket name"),
-        ("gs://YOUR-BUCKET/trm-study", "placeholder.*docs/tpu.md"),
         ("gs://Bad_Bucket/x", "not a valid GCS bucket name"),
         ("-n", "starts with '-'"),
     ],

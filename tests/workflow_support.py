@@ -1,11 +1,72 @@
-"""Helpers of the tests that run the workflow: a copy of it to edit and run, and a dry run's cost estimates."""
+"""Helpers of the tests of the workflow: its Study built from settings as Snakemake would, a copy of the workflow to
+edit and run, and a dry run's cost estimates."""
 
 from __future__ import annotations
 
+import copy
 import shutil
 from pathlib import Path
 
+import yaml
+
+from trm.study.study import Study
+
 REPO = Path(__file__).resolve().parents[1]
+DEFAULTS = yaml.safe_load((REPO / "config/config.yaml").read_text())
+TPU_PROFILE = yaml.safe_load((REPO / "profiles/tpu-v4-64/study.yaml").read_text())
+
+
+def _merge(into: dict, changes: dict) -> dict:
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+    return into
+
+
+def _set_keys(changes: dict, prefix: str = "") -> set[str]:
+    """Every dotted key `changes` sets, with its parents ("launch", "launch.hosts")."""
+    keys = set()
+    for key, value in changes.items():
+        keys.add(prefix + key)
+        if isinstance(value, dict):
+            keys |= _set_keys(value, f"{prefix}{key}.")
+    return keys
+
+
+def study(
+    tmp_path: Path,
+    changes: dict | None = None,
+    *,
+    profile: dict | None = None,
+    reporting: bool = False,
+    compiled: Path | None = None,
+) -> Study:
+    """The Study of config/config.yaml <- `profile` (a study file) <- `changes` (as from --config), its results and
+    storage in `tmp_path`, and the committed compiled figures in `compiled` (default: an empty tmp_path/compiled,
+    not the repository's)."""
+    changes = copy.deepcopy(changes or {})
+    settings = _merge(copy.deepcopy(DEFAULTS), {"results": str(tmp_path / "results")})
+    settings["storage"] = str(tmp_path / "storage")
+    _merge(settings, copy.deepcopy(profile or {}))
+    _merge(settings, changes)
+    on_command_line, in_profile = _set_keys(changes), _set_keys(profile or {})
+
+    def source_of(dotted: str) -> str:
+        if dotted in on_command_line:
+            return "--config"
+        return "profiles/tpu-v4-64/study.yaml" if dotted in in_profile else "config/config.yaml"
+
+    return Study(
+        settings,
+        source_of,
+        str(REPO / "workflow/schemas/config.schema.yaml"),
+        str(REPO / "config/experiments"),
+        str(REPO / "config/groups.yaml"),
+        reporting,
+        str(compiled or tmp_path / "compiled"),
+    )
 
 
 def copy_workflow(root: Path) -> Path:

@@ -63,6 +63,11 @@ def bucket_problem(name: str) -> str | None:
     return None
 
 
+class PlaceholderBucket(UserError):
+    """A storage URL whose bucket is the docs' placeholder: refused before anything reaches storage (the workflow's
+    dry run, which reaches none, only warns: trm/study/study.py)."""
+
+
 def check_url(url: object, what: str = "storage URL") -> str:
     """`url` if it is a usable storage URL (gs://BUCKET[/PATH], file:///PATH or a local path), else a UserError
     naming `what` (the setting or argument) and the accepted forms. The one check for the CLI and the workflow."""
@@ -81,7 +86,7 @@ def check_url(url: object, what: str = "storage URL") -> str:
     if not bucket:
         raise UserError(f"{what} {url!r} has no bucket name: expected gs://BUCKET/PATH")
     if bucket in PLACEHOLDER_BUCKETS:
-        raise UserError(
+        raise PlaceholderBucket(
             f"{what} {url!r}: {bucket} is a placeholder; set your own bucket (docs/tpu.md, one-time set-up, "
             "steps 3 and 5), e.g. storage: gs://my-trm-bucket/trm-study in profiles/tpu-v4-64/study.yaml"
         )

@@ -26,17 +26,18 @@ from __future__ import annotations
 
 import csv
 import os
+import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from trm.config import experiment_ids
 from trm.errors import UserError
 from trm.launch import slice_ledger, tpu_options
 from trm.launch.job import Job, job_path
 from trm.run.spec import Run
-from trm.storage import GCS_SCHEMES, check_url
+from trm.storage import GCS_SCHEMES, PlaceholderBucket, check_url
 from trm.storage import join as url_join
-from trm.study.costs import Costs
+from trm.study.costs import COMPILED_FIGURES, Costs
 from trm.study.groups import REFERENCE_GROUP, load_groups
 from trm.study.plan import (
     Experiment,
@@ -54,6 +55,9 @@ from trm.study.settings import SourceOf, check_settings, load_schema
 # venv must give the same command, or Snakemake sees changed params and reruns everything.
 TRM = os.path.join(os.path.dirname(sys.executable), "trm")
 DEFAULT_SETTINGS = "config/config.yaml"
+# The rules whose jobs reach `storage` or a TPU slice (workflow/rules/): only a run of one needs a real bucket and,
+# on TPU, the preflight.
+CLOUD_RULES = ("stage_dataset", "train")
 
 
 def _check_argument(value: str, key: str) -> None:
@@ -86,7 +90,8 @@ class Study:
     """The workflow's settings `config` (Snakemake's, checked and converted in place), planned and estimated.
 
     `source_of(dotted)` names where a setting was set, for error messages; `reporting` is true for
-    `snakemake --report` (see `_report_selection`). Every error is a UserError of one line per problem.
+    `snakemake --report` (see `_report_selection`); `compiled_dir` holds the committed compiled figures
+    (trm/study/costs.py). Every error is a UserError of one line per problem.
     """
 
     def __init__(
@@ -97,11 +102,16 @@ class Study:
         experiments_dir: str = "config/experiments",
         groups_path: str = "config/groups.yaml",
         reporting: bool = False,
+        compiled_dir: str = COMPILED_FIGURES,
     ) -> None:
         # One readable line for a bad setting (unknown key, wrong type), naming where it was set; nested
         # `--config` values (`--config 'launch={hosts: 2}'`, read as strings) are converted to the schema's types.
         check_settings(config, load_schema(schema_path), source_of)
         self.config, self.source_of, self.experiments_dir = config, source_of, experiments_dir
+        self.compiled_dir = compiled_dir
+        # A storage URL with the docs' placeholder bucket: fine for a dry run, which reaches no storage; refused
+        # before the first job that would (`check_before_jobs`).
+        self.placeholder_storage: str | None = None
         self.scale, self.backend = config["scale"], config["launch"]["backend"]
         self._check_locations()
         tpu = config["launch"]["tpu"]
@@ -147,9 +157,12 @@ class Study:
     # ------------------------------------------------------------------------------------------- checks
 
     def _with_source(self, key: str, check: Callable, *args) -> None:
-        """Run `check(*args)`; its UserError becomes one line starting with where setting `key` was set."""
+        """Run `check(*args)`; its UserError becomes one line starting with where setting `key` was set. A placeholder
+        bucket is kept (`placeholder_storage`), not raised: a dry run reaches no storage."""
         try:
             check(*args)
+        except PlaceholderBucket as err:
+            self.placeholder_storage = self.placeholder_storage or f"{self.source_of(key)}: {err}"
         except UserError as err:
             raise UserError(f"{self.source_of(key)}: {err}") from None
 
@@ -289,6 +302,19 @@ class Study:
     def train_command(self, exp_id: str) -> list[str]:
         """The argv of the one command that trains an experiment's run: its job file, launched."""
         return [*self.jax_cache_env(), TRM, "launch", "--job", self.job_file(exp_id)]
+
+    def check_before_jobs(self, rules: Collection[str]) -> None:
+        """Before the first job of a real run (the Snakefile's onstart; a dry run runs none), given the rules of the
+        jobs it will run. When one reaches storage or a slice (`CLOUD_RULES`): a placeholder bucket is refused, and
+        a TPU study runs `trm preflight` (gcloud, credentials, the bucket, the TPU API, the slices and ssh, each
+        failure with its fix; launch.tpu.preflight: false skips it). Compiling or building datasets needs neither."""
+        if not set(rules) & set(CLOUD_RULES):
+            return
+        if self.placeholder_storage:
+            raise UserError(self.placeholder_storage)
+        if self.backend == "tpu-vm" and self.config["launch"]["tpu"]["preflight"]:
+            if subprocess.run(self.preflight_command()).returncode != 0:
+                raise UserError("trm preflight failed (above): fix what it names, then rerun")
 
     def preflight_command(self) -> list[str]:
         """`trm preflight` with the study's storage and the pool's place, as an argument list."""

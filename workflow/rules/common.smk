@@ -29,6 +29,8 @@ try:
 except UserError as err:
     raise WorkflowError(str(err)) from None
 print(study.costs.summary(), file=sys.stderr)
+if study.placeholder_storage:  # a dry run reaches no storage; a real run refuses before its first job
+    print(f"warning: {study.placeholder_storage} (needed before a real run)", file=sys.stderr)
 study.write_jobs()
 # XLA's CPU work on one thread per job, set in Snakemake's environment, which every job inherits (not in the
 # commands: a changed command would make Snakemake rerun finished jobs).

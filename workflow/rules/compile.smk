@@ -30,3 +30,17 @@ rule compile_step:
         # Low priority: a compile takes minutes of CPU on the controller, beside running jobs.
         "nice -n 10 {params.trm:q} compile-check {params.exp:q} --accelerator {wildcards.accelerator:q} "
         "--cache {params.folder:q} > {log:q} 2>&1"
+
+
+# The compiled figures the repository keeps, config/compiled/<accelerator>/<step hash>.json, which the plan reads
+# where this machine has compiled nothing (a fresh clone): replaced by the selected experiments' figures, compiled
+# here first where missing. After a change to a step's code or config, on the whole study, then commit config/compiled/:
+#   snakemake --profile tpu-v4-64 --resources mem_mb=16000 compiled_figures
+rule compiled_figures:
+    input:
+        lambda wildcards: list(study.costs.compile_steps),
+    log:
+        os.path.join(config["results"], "compile", "compiled_figures.log"),
+    run:
+        with open(log[0], "w") as stream:  # the files written
+            print(*study.costs.commit_figures(input), sep="\n", file=stream)
