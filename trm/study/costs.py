@@ -197,7 +197,7 @@ class Costs:
         if not self._uses_compiled_figures():
             return None
         folders = collections.Counter(os.path.dirname(self.compiled[r]) for r in runs if r in self.compiled)
-        found = ", ".join(f"{n} runs from {folder}/" for folder, n in sorted(folders.items()))
+        found = ", ".join(f"{n} run{'s' * (n != 1)} from {folder}/" for folder, n in sorted(folders.items()))
         assumed = [r for r in runs if r not in self.compiled]
         line = f"  {'figures:':<12}" + (f"compiled steps of {found}" if found else "no compiled steps")
         if not assumed:
