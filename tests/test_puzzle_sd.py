@@ -96,7 +96,8 @@ def test_the_table_reads_each_one_run_experiments_sd_and_names_the_interval_it_g
     assert out.loc["a", "test_cell_accuracy_interval"] == FLOOR_AND_PUZZLE_SD
     assert out.loc["a", "test_cell_accuracy_high"] - 0.40 == pytest.approx(math.hypot(T2 * 0.02, T15 * 0.05))
     assert out.loc["c", "test_cell_accuracy_interval"] == FLOOR_AND_SAMPLING  # the fallback, said so
-    assert out.loc["a", "test_exact_accuracy_interval"] == FLOOR_AND_SAMPLING  # a binomial: Wilson's
+    # A binomial: Wilson's; and no floor, since every seed of the baseline read 0 (no measurement of the noise).
+    assert out.loc["a", "test_exact_accuracy_interval"] == SAMPLING_ONLY
     assert set(out.loc["b", "test_cell_accuracy_interval"]) == {SEEDS}
 
 

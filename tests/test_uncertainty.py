@@ -131,6 +131,16 @@ def test_noise_floor_pools_the_seed_variance_of_every_experiment_with_seeds():
     assert noise_floor({"a": [0.5], "b": [0.6, math.nan]}) is None
 
 
+def test_seeds_that_all_read_the_same_value_measure_no_noise_floor():
+    # The smoke study's train-test gap: 0 for every seed of the baseline (exact accuracies pinned at 0). A floor
+    # of 0 would decide a one-run difference of 2.1 points with an interval of +- 0.
+    assert noise_floor({"baseline": [0.0, 0.0, 0.0]}) is None
+    wide, narrow = summarize([0.241], None), summarize([0.021], None)
+    assert not math.isfinite(difference(wide, narrow).half_width)
+    claim = judge(AT_MOST, 0.02, wide, narrow)
+    assert claim.verdict == INCONCLUSIVE and "seed spread is unknown" in claim.text()
+
+
 def test_a_single_run_takes_its_interval_from_the_noise_floor_and_says_so():
     baseline = [0.87, 0.85, 0.89]
     floor = noise_floor({"b": baseline})

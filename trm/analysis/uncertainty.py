@@ -91,7 +91,10 @@ class NoiseFloor:
 
 def noise_floor(samples: dict[str, Sequence[float]]) -> NoiseFloor | None:
     """Pooled within-experiment standard deviation over the experiments with 2 or more measured runs:
-    sqrt(sum((n_i - 1) s_i^2) / sum(n_i - 1)). None when no experiment has 2 runs."""
+    sqrt(sum((n_i - 1) s_i^2) / sum(n_i - 1)). None when no experiment has 2 runs, or when every such experiment's
+    runs read exactly the same value: a spread of 0 is no measurement of the noise (a metric pinned at a bound,
+    e.g. an exact accuracy or a train-test gap of 0 for every seed, reads the same whatever the seed) and would
+    let a one-run difference be decided with an interval of ± 0."""
     squares, df, runs, used = 0.0, 0, 0, []
     for name, values in samples.items():
         finite = _finite(values)
@@ -100,7 +103,7 @@ def noise_floor(samples: dict[str, Sequence[float]]) -> NoiseFloor | None:
             df += len(finite) - 1
             runs += len(finite)
             used.append(name)
-    if df == 0:
+    if df == 0 or squares == 0:
         return None
     return NoiseFloor(sd=math.sqrt(squares / df), df=df, runs=runs, experiments=tuple(used))
 
@@ -307,7 +310,10 @@ class Judgement:
         if self.verdict != INCONCLUSIVE:
             return f"{self.verdict}: {figures}"
         if self.spread is None:
-            advice = "the seed spread is unknown: run the baseline with at least 2 seeds to measure it"
+            advice = (
+                "the seed spread is unknown: no baseline or reference with 2 or more seeds, or every seed "
+                "read the same value"
+            )
         elif self.seeds is not None:
             advice = f"about {self.seeds} seeds per point would resolve a difference of this size"
         else:
