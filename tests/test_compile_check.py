@@ -155,7 +155,7 @@ def test_the_plan_reads_this_machines_figures_then_the_committed_ones_and_never_
     assert all("at an assumed 40% of peak" in costs.message(e) for e in ("exp06_c", "exp06_d"))
     (figures,) = [line for line in costs.summary().splitlines() if line.startswith("  figures:")]
     assert figures.startswith(
-        f"  figures:    compiled steps of 1 runs from {committed}/, 1 runs from {local}/; assumed for exp06_c, "
+        f"  figures:    compiled steps of 1 run from {committed}/, 1 run from {local}/; assumed for exp06_c, "
         f"exp06_d: no figures of their step, for this code and config, in {tmp_path / 'results/compile'}/ or "
         f"{committed.parent}/"
     ), figures
@@ -204,9 +204,7 @@ def test_dry_run_uses_compiled_steps_where_they_exist_and_says_which(workdir, tm
     assert f"evaluation: {hours['evaluation']:.4g} TPU v4 chip-hours" in job.splitlines()[2], job[:500]
     assert "2 runs at their compiled steps' roofline times" in output  # the study's line
     assert "7 at an assumed 40% of peak" in output  # exp06_c to f, ref_paper and exp06_c's 2 replicates
-    assert (
-        "compiled steps of 1 runs from config/compiled/v4-64/, 1 runs from results/compile/v4-64/" in output
-    )
+    assert "compiled steps of 1 run from config/compiled/v4-64/, 1 run from results/compile/v4-64/" in output
 
 
 def test_without_libtpu_the_command_says_how_to_install_it():
