@@ -26,9 +26,10 @@ In the run dir (names in trm/run/layout.py):
                              "curve_results"    the curve: every count on the same rows (the subset, or the
                                                 whole split), train.eval_steps included
                            written after each pass; what the workflow collects
-  test_time.progress.json  an unfinished pass: its float64 sums (and sums of squares) after its first N batches, written by process 0
-                           every PROGRESS_EVERY_S, when the job is stopped (a preemption) and at the end of the
-                           pass, before test_time.json (so a failed write of that, a full disk, loses nothing)
+  test_time.progress.json  an unfinished pass: its float64 sums (and sums of squares) after its first N batches,
+                           written by process 0 every PROGRESS_EVERY_S, when the job is stopped (a preemption) and
+                           at the end of the pass, before test_time.json (so a failed write of that, a full disk,
+                           loses nothing)
 
 A relaunched job continues: results already in test_time.json for the same rows are not evaluated again, and a
 pass with the same counts, rows, batch and devices continues after the batches its progress file holds, ending
