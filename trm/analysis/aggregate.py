@@ -6,8 +6,9 @@ r"""Gather every run of the study into one table (CSV and Parquet), the evaluati
 Reads, per run id (an experiment id, or EXP~sK for its replicate k), RESULTS/runs/<id>.json (the run's summary,
 `trm summarize`: its config hash and measured results), the job file that hash names, RESULTS/jobs/<hash>.json
 (trm/launch/job.py: the run's resolved config, its one copy outside the run dir, read once per run), and
-RESULTS/benchmarks/train/<id>.tsv (Snakemake's benchmark of the training job: wall time). Writes OUTPUT.csv, OUTPUT.parquet (one row per run: its experiment `id` (replicates
-EXP~sK of experiment EXP are rows of EXP, told apart by `seed` and `run`), group, varied keys, config hash, seed,
+RESULTS/benchmarks/train/<id>.tsv (Snakemake's benchmark of the training job: wall time). Writes OUTPUT.csv,
+OUTPUT.parquet (one row per run: its experiment `id` (replicates EXP~sK of experiment EXP are rows of EXP, told
+apart by `seed` and `run`), group, varied keys, config hash, seed,
 run id and `config_key` (the hash of the config without train.seed: equal for the replicates of one configuration,
 which the noise floor pools), then the metrics of trm/study/metrics.py's RUN_METRICS in that order, then the config
 keys the groups plot, then for each metric of SUMMARY_METRICS its experiment's mean, sd, n, 95% interval and the
