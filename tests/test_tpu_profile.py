@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from fake_tpu import gcloud_calls, tpu_test_profile, wait_until_exited
-from workflow_support import estimates
+from workflow_support import copy_workflow, estimates
 
 from trm import storage
 from trm.launch.job import read_job
@@ -24,7 +24,6 @@ from trm.study.plan import run_dir_of
 
 pytestmark = [pytest.mark.tpu, pytest.mark.workflow, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 # Not test_tpu_vm.py's slice names: the two files may run at the same time in different pytest workers.
 SLICES = ("trm-profile-a", "trm-profile-b")
@@ -32,11 +31,13 @@ SLICES = ("trm-profile-a", "trm-profile-b")
 
 def test_profile_dry_run_needs_no_gcloud_and_shows_tpu_hours(tmp_path):
     env = {**os.environ, "PATH": str(Path(sys.executable).parent), "HOME": str(tmp_path)}
+    # In a copy: even a dry run writes its job files (results/paper/jobs/) and Snakemake's .snakemake/.
+    root = copy_workflow(tmp_path / "study")
     # The profile's storage is a placeholder (docs/tpu.md, set-up step 5): set, as a real run needs it.
     settings = ["groups=[exp06]", "storage=gs://my-trm-bucket/trm-study"]
     done = subprocess.run(
         [SNAKEMAKE, "--profile", "profiles/tpu-v4-64", "-n", "--config", *settings],
-        cwd=REPO,
+        cwd=root,
         env=env,
         capture_output=True,
         text=True,
@@ -68,7 +69,7 @@ def test_profile_dry_run_needs_no_gcloud_and_shows_tpu_hours(tmp_path):
     files = {
         line.split(" launch --job ")[1].split()[0] for line in output.splitlines() if " launch --job " in line
     }
-    jobs = [read_job(str(REPO / path)) for path in sorted(files)]
+    jobs = [read_job(str(root / path)) for path in sorted(files)]
     shapes = collections.Counter((job.backend, job.hosts, job.devices_per_host) for job in jobs)
     assert shapes == {("tpu-vm", 8, 4): 6 + 2, ("tpu-vm", 1, 4): 1}  # ref_paper on its own v4-8
     # The evaluation runs on the slice, in the training job; the controller only collects its results.
@@ -77,7 +78,7 @@ def test_profile_dry_run_needs_no_gcloud_and_shows_tpu_hours(tmp_path):
 
     placeholder = subprocess.run(
         [SNAKEMAKE, "--profile", "profiles/tpu-v4-64", "-n"],
-        cwd=REPO,
+        cwd=root,
         env=env,
         capture_output=True,
         text=True,
