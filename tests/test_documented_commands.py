@@ -29,6 +29,7 @@ from trm.cli import COMMANDS, _build_parser
 from trm.config import load_config
 from trm.study.plan import plan_study
 from trm.study.settings import check_settings, load_schema
+from trm.study.status import merged_settings
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
@@ -128,16 +129,9 @@ def check_snakemake(argv: list[str]) -> None:
         assert "cores" in profile_settings, "a run needs --cores N (or a profile that sets cores)"
     assert set(args.targets) <= RULES, f"unknown target(s) {set(args.targets) - RULES}"
 
-    def merge(into: dict, layer: dict) -> None:
-        for key, value in layer.items():
-            if isinstance(value, dict) and isinstance(into.get(key), dict):
-                merge(into[key], value)
-            else:
-                into[key] = value
-
     for file in files:
-        merge(settings, yaml.safe_load(file.read_text()))
-    merge(settings, parse_config(args.config or []))
+        settings = merged_settings(settings, yaml.safe_load(file.read_text()))
+    settings = merged_settings(settings, parse_config(args.config or []))
     schema = load_schema(str(REPO / "workflow/schemas/config.schema.yaml"))
     check_settings(settings, schema, lambda key: "the command")
     assert plan_study(settings["scale"], settings["experiments"], settings["groups"])

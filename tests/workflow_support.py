@@ -9,20 +9,12 @@ from pathlib import Path
 
 import yaml
 
+from trm.study.status import merged_settings
 from trm.study.study import Study
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULTS = yaml.safe_load((REPO / "config/config.yaml").read_text())
 TPU_PROFILE = yaml.safe_load((REPO / "profiles/tpu-v4-64/study.yaml").read_text())
-
-
-def _merge(into: dict, changes: dict) -> dict:
-    for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            _merge(into[key], value)
-        else:
-            into[key] = value
-    return into
 
 
 def _set_keys(changes: dict, prefix: str = "") -> set[str]:
@@ -47,10 +39,11 @@ def study(
     storage in `tmp_path`, and the committed compiled figures in `compiled` (default: an empty tmp_path/compiled,
     not the repository's)."""
     changes = copy.deepcopy(changes or {})
-    settings = _merge(copy.deepcopy(DEFAULTS), {"results": str(tmp_path / "results")})
-    settings["storage"] = str(tmp_path / "storage")
-    _merge(settings, copy.deepcopy(profile or {}))
-    _merge(settings, changes)
+    # A deep copy of the result: the Study checks and converts its settings in place.
+    settings = merged_settings(
+        DEFAULTS, {"results": str(tmp_path / "results"), "storage": str(tmp_path / "storage")}
+    )
+    settings = copy.deepcopy(merged_settings(merged_settings(settings, profile or {}), changes))
     on_command_line, in_profile = _set_keys(changes), _set_keys(profile or {})
 
     def source_of(dotted: str) -> str:

@@ -233,12 +233,12 @@ def _read_settings(path: Path) -> dict:
     return settings
 
 
-def _merged(into: dict, over: dict) -> dict:
+def merged_settings(into: dict, over: dict) -> dict:
     """`over` merged into a copy of `into`, mappings key by key (as Snakemake merges its config files)."""
     merged = dict(into)
     for key, value in over.items():
         both = isinstance(value, dict) and isinstance(into.get(key), dict)
-        merged[key] = _merged(into[key], value) if both else value
+        merged[key] = merged_settings(into[key], value) if both else value
     return merged
 
 
@@ -257,7 +257,7 @@ def study_settings(profile: str | None) -> dict:
         )
     files = _read_settings(folder / "config.yaml").get("configfile") or []
     for name in [files] if isinstance(files, str) else files:
-        settings = _merged(settings, _read_settings(folder / name))
+        settings = merged_settings(settings, _read_settings(folder / name))
     return settings
 
 
