@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,6 +91,13 @@ def step_hash(config: dict) -> str:
     name of a compile's cached figures, so a code change that can change the program is compiled again."""
     text = json.dumps(step_config(config), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode() + _installed_step_source_digest()).hexdigest()[:12]
+
+
+def step_figures(folder: str | Path, config: dict) -> str:
+    """Where `trm compile-check` keeps the figures of `config`'s steps in `folder`: FOLDER/<step hash>.json (this
+    machine's compile cache, the repository's config/compiled/ACCELERATOR). The folder stays as spelled: the
+    workflow's compile rules look their outputs up by this text."""
+    return os.path.join(folder, f"{step_hash(config)}.json")
 
 
 @functools.cache

@@ -42,7 +42,15 @@ from trm.config import (
 )
 from trm.errors import UserError
 from trm.launch import tpu_options
-from trm.launch.accelerators import ACCELERATORS, GIB, Accelerator, accelerator, step_config, step_hash
+from trm.launch.accelerators import (
+    ACCELERATORS,
+    GIB,
+    Accelerator,
+    accelerator,
+    step_config,
+    step_figures,
+    step_hash,
+)
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 INSTALL_HINT = "pip install -e '.[tpu]' (libtpu for the pinned jax, i.e. pip install 'jax[tpu]==JAX')"
@@ -91,7 +99,7 @@ def main(args: argparse.Namespace) -> int:
 
 def cached_or_compiled(config: dict, chip: Accelerator, cache: str | None, exp_id: str) -> dict:
     """The figures of `config`'s steps on `chip`: from DIR/<step hash>.json when there, else compiled (and kept)."""
-    path = Path(cache) / f"{step_hash(config)}.json" if cache else None
+    path = Path(step_figures(cache, config)) if cache else None
     if path is not None and path.exists():
         figures = json.loads(path.read_text())
         if figures["accelerator"] != chip.name:
@@ -324,7 +332,7 @@ def table(ids: list[str], overrides: list[str], chip: Accelerator, cache: Path) 
         key = step_hash(config)
         shared = first.setdefault(key, exp_id)
         step = key if shared == exp_id else f"= {shared}"
-        path = cache / f"{key}.json"
+        path = Path(step_figures(cache, config))
         if not path.exists():
             rows.append(f"| {exp_id} | {step} | not compiled yet | | | | | |")
             continue

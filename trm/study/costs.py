@@ -19,7 +19,7 @@ import shutil
 from typing import TYPE_CHECKING
 
 from trm.config import experiment_path, load_config
-from trm.launch.accelerators import step_hash
+from trm.launch.accelerators import step_figures
 from trm.study.estimate import (
     CostCache,
     accelerator_hours,
@@ -106,8 +106,8 @@ class Costs:
         only when compiling)."""
         steps = {}
         for exp_id in self.study.plan:
-            step = step_hash(load_config(experiment_path(experiment_of(exp_id), self.study.experiments_dir)))
-            steps.setdefault(os.path.join(self.compile_dir(exp_id), f"{step}.json"), exp_id)
+            paper = load_config(experiment_path(experiment_of(exp_id), self.study.experiments_dir))
+            steps.setdefault(step_figures(self.compile_dir(exp_id), paper), exp_id)
         return steps
 
     def commit_figures(self, paths: list[str]) -> list[str]:
@@ -130,7 +130,7 @@ class Costs:
             return None
         for folder in (self.compile_dir(exp.id), self.committed_dir(exp.id)):
             if seconds := compiled_step_seconds(exp.config, folder):
-                return seconds, os.path.join(folder, f"{step_hash(exp.config)}.json")
+                return seconds, step_figures(folder, exp.config)
         return None
 
     def _uses_compiled_figures(self) -> bool:

@@ -141,10 +141,10 @@ def compiled_step_seconds(config: dict, compile_dir: str | Path) -> dict | None:
     """{"train": s, "eval": s}: roofline seconds of one train step and one evaluation step (a batch of
     global_batch_size rows) from the figures `trm compile-check --cache compile_dir` kept for this config's
     step, or None when it has not been compiled."""
-    from trm.launch.accelerators import accelerator, step_hash
+    from trm.launch.accelerators import accelerator, step_figures
     from trm.launch.compile_check import roofline_seconds
 
-    path = Path(compile_dir) / f"{step_hash(config)}.json"
+    path = Path(step_figures(compile_dir, config))
     if not path.exists():
         return None
     figures = json.loads(path.read_text())
