@@ -29,7 +29,6 @@ from trm import storage
 from trm.run import layout
 from trm.study.plan import plan_study
 
-REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 # One chaos experiment, as overrides of config/base.yaml (the smoke scale divides width and batch, sets the
 # epochs: trm/study/scale.py): hidden 8, batch 8 (two rows per device of 2 hosts x 2), 20 puzzles x 72 epochs / 8
@@ -60,10 +59,7 @@ class Study:
         return self.root / "results" / "smoke"
 
     def command(self) -> list[str]:
-        targets = [
-            "results/smoke/table.csv",
-            *(f"results/smoke/runs/{e}.json" for e in self.experiments),
-        ]
+        targets = ["results/smoke/table.csv", *(f"results/smoke/runs/{e}.json" for e in self.experiments)]
         return [SNAKEMAKE, "--profile", str(self.profile), "--cores", "4", *targets]
 
     def gcloud(self, *args: str) -> None:

@@ -8,47 +8,16 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_study import study
+from workflow_support import finished_runs, study
 
-from trm.analysis.judge import SUMMARY_FIELDS, is_fraction
+from trm.analysis.judge import SUMMARY_FIELDS
 from trm.analysis.uncertainty import NO_INTERVAL, SAMPLING_ONLY, wilson_interval
 from trm.cli import main as trm_main
 from trm.study.groups import GROUPS_PATH
 from trm.study.metrics import CURVE_METRICS, RUN_METRICS, SUMMARY_METRICS, TEST_TIME_METRICS
 from trm.study.plan import plan_study
-from trm.study.study import Study
 
 EXPERIMENTS = ("exp01a", "exp01c", "exp04a_1000")  # the last two share one run (both are baselines)
-
-
-def _summary(config_hash: str, accuracy: float) -> dict:
-    """A summary as `trm summarize` writes it: the run's config hash and results (its config is its job file's)."""
-    # Distinct values; a fraction stays one.
-    metrics = {key: float(n) / (100 if is_fraction(key) else 1) for n, key in enumerate(SUMMARY_METRICS)}
-    return {
-        "config_hash": config_hash,
-        "devices": 2,
-        **metrics,
-        "test_exact_accuracy": accuracy,
-        "epochs_to_85pct": None,  # never reached: not measured
-        "curve": [{"epoch": 1.0, "count": 32, "test_exact_accuracy": accuracy, "test_cell_accuracy": 0.5}],
-        "test_time": [{key: 16 if key == "steps" else accuracy for key in TEST_TIME_METRICS}],
-    }
-
-
-def finished_runs(planned: Study, accuracy: dict[str, float], wall_s: dict[str, float]) -> Path:
-    """The study's results folder as its jobs leave it for the table: each run's job file (written at parse time,
-    `Study.write_jobs`), and per run id its summary and its training job's benchmark."""
-    planned.write_jobs()
-    results = Path(planned.results)
-    for run_id, value in accuracy.items():
-        path = results / "runs" / f"{run_id}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(_summary(planned.plan[run_id].hash, value)))
-        benchmark = results / "benchmarks" / "train" / f"{run_id}.tsv"
-        benchmark.parent.mkdir(parents=True, exist_ok=True)
-        benchmark.write_text(f"s\th:m:s\n{wall_s[run_id]}\t1:00:00\n")
-    return results
 
 
 @pytest.fixture
@@ -99,7 +68,10 @@ def test_the_table_is_the_summaries_metrics_in_the_registrys_order(results):
     ) == pytest.approx(wilson_interval(0.2 * 16, 16))
     assert set(table["examples_per_second_interval"]) == {NO_INTERVAL}
     assert table["examples_per_second_low"].isna().all() and table["test_exact_accuracy_sd"].isna().all()
-    assert list(pd.read_parquet(f"{output}.parquet").columns) == columns
+    # The table, the curves and the test-time scaling: CSV files, nothing else.
+    assert sorted(p.name for p in Path(output).parent.iterdir()) == [
+        f"{Path(output).name}{end}" for end in ("-curves.csv", "-test-time.csv", ".csv")
+    ]
     curves = pd.read_csv(f"{output}-curves.csv")
     assert list(curves.columns) == ["id", "run", "group", *CURVE_METRICS]
     test_time = pd.read_csv(f"{output}-test-time.csv")

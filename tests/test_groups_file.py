@@ -3,25 +3,11 @@ the file, the group and the field."""
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import pytest
+from workflow_support import groups_file
 
-from trm.config import EXPERIMENTS_DIR
 from trm.errors import UserError
-from trm.study.groups import GROUPS_PATH, load_groups
-
-
-def groups_file(tmp_path: Path, old: str, new: str) -> Path:
-    """A copy of config/groups.yaml (with the experiment files beside it) with one edit."""
-    text = GROUPS_PATH.read_text()
-    assert old in text
-    path = tmp_path / "config" / "groups.yaml"
-    path.parent.mkdir()
-    path.write_text(text.replace(old, new, 1))
-    shutil.copytree(EXPERIMENTS_DIR, path.parent / "experiments")
-    return path
+from trm.study.groups import load_groups
 
 
 @pytest.mark.parametrize(

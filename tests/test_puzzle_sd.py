@@ -21,7 +21,7 @@ from trm.analysis.uncertainty import (
     summarize,
     wilson_interval,
 )
-from trm.analysis.verdicts import evaluate
+from trm.analysis.verdicts import judge_groups
 from trm.study.metrics import RUN_METRICS, SUMMARY_METRICS
 
 T15 = 2.131450  # Student t at 0.975 with 15 degrees of freedom (16 puzzles)
@@ -131,9 +131,9 @@ def test_the_verdicts_judge_a_smoke_cell_accuracy_on_the_runs_puzzle_sd():
     # 0.40 - 0.30 over 16 puzzles: Wilson's bound (about ±22 points a side) cannot decide it; a per-puzzle sd of
     # 0.05 (±2.7 points a side, with the floor of 2 points x 4.3 in quadrature) can.
     sds = {SD_COLUMN: [0.05, 0.05, 0.05, 0.05, 0.05]}
-    (criterion,) = evaluate([group], _table(**sds), "smoke", 16)["groups"][0]["criteria"]
+    (criterion,) = judge_groups([group], _table(**sds), "smoke", 16)["groups"][0]["criteria"]
     assert criterion["metric"] == "test_cell_accuracy"  # exact accuracy is 0 throughout: the smoke fallback
     assert {criterion["summaries"][m]["source"] for m in ("a", "c")} == {FLOOR_AND_PUZZLE_SD}
     assert criterion["verdict"] == "supported"
-    (wilson,) = evaluate([group], _table(), "smoke", 16)["groups"][0]["criteria"]
+    (wilson,) = judge_groups([group], _table(), "smoke", 16)["groups"][0]["criteria"]
     assert wilson["summaries"]["a"]["source"] == FLOOR_AND_SAMPLING and wilson["verdict"] == "inconclusive"

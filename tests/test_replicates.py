@@ -9,9 +9,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-from test_aggregate import finished_runs
-from test_study import REPO, refused, study
-from workflow_support import copy_workflow
+from workflow_support import REPO, copy_workflow, finished_runs, refused, study
 
 from trm.analysis.uncertainty import FLOOR_AND_SAMPLING, SEEDS
 from trm.cli import main as trm_main

@@ -62,10 +62,33 @@ def test_every_package_is_placed_in_the_order():
 
 
 def test_no_module_is_longer_than_400_lines():
+    modules = [
+        *_modules(),
+        *sorted((REPO / "tests").glob("*.py")),
+        *sorted((REPO / "benchmarks").glob("*.py")),
+    ]
     long = {
-        str(p.relative_to(REPO)): n for p in _modules() if (n := len(p.read_text().splitlines())) > MAX_LINES
+        str(p.relative_to(REPO)): n for p in modules if (n := len(p.read_text().splitlines())) > MAX_LINES
     }
     assert not long, long
+
+
+def test_no_test_module_imports_another():
+    """Shared test code lives in the support modules and conftest.py, so each test module can be read, run and
+    changed on its own."""
+    tests = sorted((REPO / "tests").glob("test_*.py"))
+    names = {path.stem for path in tests}
+    wrong = []
+    for path in tests:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported = {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported = {node.module.split(".")[0]}
+            else:
+                continue
+            wrong += [f"{path.name} imports {name}" for name in sorted(imported & names)]
+    assert not wrong, wrong
 
 
 RUN_FILES = ("config.json", "_SUCCESS", "final.json", "status.json", "launch.json", "metrics.jsonl", "ckpt")

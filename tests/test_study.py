@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 
 import pytest
-from workflow_support import TPU_PROFILE, study
+from workflow_support import REPO, TPU_PROFILE, refused, study
 
 from trm.config import config_hash
 from trm.errors import UserError
@@ -20,17 +19,6 @@ from trm.study.plan import dataset_name, plan_study
 from trm.study.scale import SMOKE, SMOKE_POOL
 from trm.study.settings import setting_source
 from trm.study.study import CLOUD_RULES, TRM, Study
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def refused(tmp_path: Path, changes: dict, **kwargs) -> str:
-    with pytest.raises(UserError) as info:
-        study(tmp_path, changes, **kwargs)
-    message = str(info.value)
-    assert "\n" not in message
-    return message
-
 
 # ------------------------------------------------------------------------------------------------ settings
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_groups_file import groups_file
+from workflow_support import groups_file
 
 from trm.analysis import verdicts
 from trm.analysis.uncertainty import (
@@ -25,7 +25,7 @@ from trm.analysis.uncertainty import (
     SEEDS,
     SUPPORTED,
 )
-from trm.analysis.verdicts import evaluate, group_verdict
+from trm.analysis.verdicts import group_verdict, judge_groups
 from trm.cli import main as trm_main
 from trm.errors import UserError
 from trm.study.groups import GROUPS_PATH, describe, load_groups
@@ -56,7 +56,7 @@ def runs(metric: str = "test_exact_accuracy", **values: list[float]) -> pd.DataF
 
 def judge(criterion: dict, results: pd.DataFrame, scale: str = "paper") -> dict:
     group = {**GROUP, "criteria": [{"text": "t", "metric": "test_exact_accuracy", **criterion}]}
-    return evaluate([group], results, scale, SPLIT)["groups"][0]["criteria"][0]
+    return judge_groups([group], results, scale, SPLIT)["groups"][0]["criteria"][0]
 
 
 def real_groups() -> dict[str, dict]:
@@ -171,7 +171,7 @@ def test_a_metric_equal_for_every_run_is_no_signal_never_supported():
     assert zeros["verdict"] == NO_SIGNAL and zeros["detail"] == "test_exact_accuracy is 0 for every run read"
     group = {**GROUP, "criteria": [{"text": "t", "metric": "test_exact_accuracy", **criterion}]}
     assert (
-        evaluate([group], runs(b=[0.0], c=[0.0], d=[0.0]), "paper", SPLIT)["groups"][0]["verdict"]
+        judge_groups([group], runs(b=[0.0], c=[0.0], d=[0.0]), "paper", SPLIT)["groups"][0]["verdict"]
         == NO_SIGNAL
     )
 
@@ -203,7 +203,7 @@ def test_study_criteria_on_the_papers_figures():
             "test_exact_accuracy": [0.799, 0.83, 0.86, 0.874, 0.87, 0.874, 0.795],
         }
     )
-    result = evaluate([groups["exp08"], groups["exp03"]], paper, "paper", SPLIT)
+    result = judge_groups([groups["exp08"], groups["exp03"]], paper, "paper", SPLIT)
     assert result["note"] == ""
     ema, depth = result["groups"]
     # One run each, no seeds: the whole split's sampling interval alone (about ±0.1 points), and the table says so.
@@ -239,7 +239,7 @@ def test_study_criteria_can_fail():
         35_000.0,
         36_000.0,
     ]
-    batch, curriculum = evaluate([groups["exp06"], groups["contrib01"]], results, "paper", SPLIT)["groups"]
+    batch, curriculum = judge_groups([groups["exp06"], groups["contrib01"]], results, "paper", SPLIT)["groups"]
     assert [c["verdict"] for c in batch["criteria"]] == [NOT_SUPPORTED, SUPPORTED]
     assert "exp06_a - exp06_c: not supported: difference -7.0 ± 0.5 points" in batch["criteria"][0]["detail"]
     assert [c["verdict"] for c in curriculum["criteria"]] == [NOT_SUPPORTED, SUPPORTED]
@@ -250,14 +250,14 @@ def test_smoke_scale_judges_the_cell_accuracy_the_plots_show_and_says_it_tests_n
     groups = real_groups()
     results = runs(exp08a=[0.0], exp08b=[0.0], exp08c=[0.0], exp08d=[0.0], exp08e=[0.0])
     results["test_cell_accuracy"] = [0.30, 0.31, 0.33, 0.45, 0.40]
-    smoke = evaluate([groups["exp08"]], results, "smoke", 16)
+    smoke = judge_groups([groups["exp08"]], results, "smoke", 16)
     assert "too short to test the hypothesis" in smoke["note"]
     first = smoke["groups"][0]["criteria"][0]
     assert first["metric"] == "test_cell_accuracy" and "exact accuracy is 0 for every run" in first["caveat"]
     # 16 puzzles: a 15-point difference of two single runs is well inside the sampling interval.
     assert first["verdict"] == INCONCLUSIVE
     # The paper scale judges exact accuracy itself: all zero carries no signal.
-    paper = evaluate([groups["exp08"]], results, "paper", 16)["groups"][0]
+    paper = judge_groups([groups["exp08"]], results, "paper", 16)["groups"][0]
     assert [c["verdict"] for c in paper["criteria"]] == [NO_SIGNAL, NO_SIGNAL] and paper[
         "verdict"
     ] == NO_SIGNAL
@@ -265,7 +265,7 @@ def test_smoke_scale_judges_the_cell_accuracy_the_plots_show_and_says_it_tests_n
     # A criterion against a published exact accuracy keeps exact accuracy: 0 throughout is no signal.
     baseline = runs(exp01a=[0.0], exp01b=[0.0], exp01c=[0.0], exp01d=[0.0], exp01e=[0.0], exp01f=[0.0])
     baseline["test_cell_accuracy"] = 0.5
-    paper_figure = evaluate([groups["exp01"]], baseline, "smoke", 16)["groups"][0]["criteria"][0]
+    paper_figure = judge_groups([groups["exp01"]], baseline, "smoke", 16)["groups"][0]["criteria"][0]
     assert "value" in groups["exp01"]["criteria"][0] and paper_figure["metric"] == "test_exact_accuracy"
     assert paper_figure["verdict"] == NO_SIGNAL and paper_figure["caveat"] == ""
     assert smoke["note"] in verdicts.summary_rst(smoke).replace("\\", "")
@@ -276,7 +276,7 @@ def test_smoke_scale_judges_the_cell_accuracy_the_plots_show_and_says_it_tests_n
 
 def test_a_table_without_a_metric_column_is_refused():
     with pytest.raises(UserError, match="no column step_time_s"):
-        evaluate([real_groups()["exp07"]], table(exp07a=0.8, exp07b=0.8), "paper", SPLIT)
+        judge_groups([real_groups()["exp07"]], table(exp07a=0.8, exp07b=0.8), "paper", SPLIT)
 
 
 # ------------------------------------------------------------------------------------------------------ CLI

@@ -208,7 +208,6 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     # run's own spread over the test puzzles (the final evaluation's accuracy_puzzle_sd).
     assert table["test_cell_accuracy_puzzle_sd"].between(0, 1, inclusive="neither").all()
     assert set(table["test_cell_accuracy_interval"]) == {PUZZLE_SD_ONLY}
-    assert pd.read_parquet(results / "table.parquet")["id"].tolist() == ["exp01a", "exp04a_100", "ref_paper"]
     assert sorted(p.name for p in (results / "plots").glob("*.png")) == ["exp01.png", "exp04a.png"]
     for group in ("exp01", "exp04a"):
         assert (results / f"plots/{group}.png").stat().st_size > 1000

@@ -1,14 +1,22 @@
-"""Helpers of the tests of the workflow: its Study built from settings as Snakemake would, a copy of the workflow to
-edit and run, and a dry run's cost estimates."""
+"""Helpers of the tests of the workflow and the study: its Study built from settings as Snakemake would (and the
+one-line refusal of bad settings), a copy of the workflow to edit and run, a dry run's cost estimates, an edited
+copy of config/groups.yaml, and a results folder as finished jobs leave it for the table."""
 
 from __future__ import annotations
 
 import copy
+import json
 import shutil
 from pathlib import Path
 
+import pytest
 import yaml
 
+from trm.analysis.judge import is_fraction
+from trm.config import EXPERIMENTS_DIR
+from trm.errors import UserError
+from trm.study.groups import GROUPS_PATH
+from trm.study.metrics import SUMMARY_METRICS, TEST_TIME_METRICS
 from trm.study.status import merged_settings
 from trm.study.study import Study
 
@@ -81,3 +89,52 @@ def estimates(output: str, part: str) -> dict[str, float]:
             (labelled,) = [x for x in lines[i + 1 : i + 3] if x.strip().startswith(f"{part}:")]
             found[line.split("train ")[1].split(":")[0]] = float(labelled.split(":")[1].split()[0])
     return found
+
+
+def refused(tmp_path: Path, changes: dict, **kwargs) -> str:
+    with pytest.raises(UserError) as info:
+        study(tmp_path, changes, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def groups_file(tmp_path: Path, old: str, new: str) -> Path:
+    """A copy of config/groups.yaml (with the experiment files beside it) with one edit."""
+    text = GROUPS_PATH.read_text()
+    assert old in text
+    path = tmp_path / "config" / "groups.yaml"
+    path.parent.mkdir()
+    path.write_text(text.replace(old, new, 1))
+    shutil.copytree(EXPERIMENTS_DIR, path.parent / "experiments")
+    return path
+
+
+def _summary(config_hash: str, accuracy: float) -> dict:
+    """A summary as `trm summarize` writes it: the run's config hash and results (its config is its job file's)."""
+    # Distinct values; a fraction stays one.
+    metrics = {key: float(n) / (100 if is_fraction(key) else 1) for n, key in enumerate(SUMMARY_METRICS)}
+    return {
+        "config_hash": config_hash,
+        "devices": 2,
+        **metrics,
+        "test_exact_accuracy": accuracy,
+        "epochs_to_85pct": None,  # never reached: not measured
+        "curve": [{"epoch": 1.0, "count": 32, "test_exact_accuracy": accuracy, "test_cell_accuracy": 0.5}],
+        "test_time": [{key: 16 if key == "steps" else accuracy for key in TEST_TIME_METRICS}],
+    }
+
+
+def finished_runs(planned: Study, accuracy: dict[str, float], wall_s: dict[str, float]) -> Path:
+    """The study's results folder as its jobs leave it for the table: each run's job file (written at parse time,
+    `Study.write_jobs`), and per run id its summary and its training job's benchmark."""
+    planned.write_jobs()
+    results = Path(planned.results)
+    for run_id, value in accuracy.items():
+        path = results / "runs" / f"{run_id}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(_summary(planned.plan[run_id].hash, value)))
+        benchmark = results / "benchmarks" / "train" / f"{run_id}.tsv"
+        benchmark.parent.mkdir(parents=True, exist_ok=True)
+        benchmark.write_text(f"s\th:m:s\n{wall_s[run_id]}\t1:00:00\n")
+    return results

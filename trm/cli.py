@@ -54,7 +54,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "trm.analysis.summary",
         "Summarise a finished run from its run dir as one local JSON file.",
     ),
-    "aggregate": ("trm.analysis.aggregate", "Gather all runs of the study into one table (CSV and Parquet)."),
+    "aggregate": (
+        "trm.analysis.aggregate",
+        "Gather all runs of the study into one table, with their curves (CSV files).",
+    ),
     "plot-group": ("trm.analysis.plots", "Plot one experiment group's main plots (PNG and SVG)."),
     "verdicts": ("trm.analysis.verdicts", "Evaluate each group's success criteria on the results table."),
 }

@@ -1,4 +1,4 @@
-r"""Gather every run of the study into one table (CSV and Parquet), the evaluation curves and test-time scaling (CSV).
+r"""Gather every run of the study into one table, the evaluation curves and test-time scaling (CSV files).
 
     trm aggregate --results results/smoke --groups config/groups.yaml \
         --peak-flops 5e10 --utilization 0.1 --test-puzzles 32 --output results/smoke/table exp01a exp01b
@@ -6,8 +6,8 @@ r"""Gather every run of the study into one table (CSV and Parquet), the evaluati
 Reads, per run id (an experiment id, or EXP~sK for its replicate k), RESULTS/runs/<id>.json (the run's summary,
 `trm summarize`: its config hash and measured results), the job file that hash names, RESULTS/jobs/<hash>.json
 (trm/launch/job.py: the run's resolved config, its one copy outside the run dir, read once per run), and
-RESULTS/benchmarks/train/<id>.tsv (Snakemake's benchmark of the training job: wall time). Writes OUTPUT.csv,
-OUTPUT.parquet (one row per run: its experiment `id` (replicates EXP~sK of experiment EXP are rows of EXP, told
+RESULTS/benchmarks/train/<id>.tsv (Snakemake's benchmark of the training job: wall time). Writes OUTPUT.csv
+(one row per run: its experiment `id` (replicates EXP~sK of experiment EXP are rows of EXP, told
 apart by `seed` and `run`), group, varied keys, config hash, seed,
 run id and `config_key` (the hash of the config without train.seed: equal for the replicates of one configuration,
 which the noise floor pools), then the metrics of trm/study/metrics.py's RUN_METRICS in that order, then the config
@@ -195,7 +195,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--output",
         required=True,
-        help="output path without suffix (.csv, .parquet, -curves.csv, -test-time.csv)",
+        help="output path without suffix (.csv, -curves.csv, -test-time.csv)",
     )
 
 
@@ -210,11 +210,10 @@ def main(args: argparse.Namespace) -> int:
     )
     output = Path(args.output)
     storage.write_text(str(output.with_suffix(".csv")), runs.to_csv(index=False))
-    storage.write_bytes(str(output.with_suffix(".parquet")), runs.to_parquet(index=False))
     storage.write_text(str(output.with_name(output.name + "-curves.csv")), curves.to_csv(index=False))
     storage.write_text(str(output.with_name(output.name + "-test-time.csv")), test_time.to_csv(index=False))
     print(
-        f"wrote {output}.csv and .parquet ({len(runs)} runs), {output.name}-curves.csv and "
+        f"wrote {output}.csv ({len(runs)} runs), {output.name}-curves.csv and "
         f"{output.name}-test-time.csv"
     )
     return 0

@@ -150,7 +150,7 @@ def _check_numbers(table: pd.DataFrame, metrics: list[str], source: str) -> None
             )
 
 
-def evaluate(
+def judge_groups(
     groups: list[dict],
     table: pd.DataFrame,
     scale: str,
@@ -327,7 +327,7 @@ def main(args: argparse.Namespace) -> int:
     groups = _select(
         load_groups(args.groups, args.groups.parent / "experiments"), table, args.group, args.table
     )
-    result = evaluate(groups, table, args.scale, args.test_puzzles, source=str(args.table))
+    result = judge_groups(groups, table, args.scale, args.test_puzzles, source=str(args.table))
     files = {
         "verdicts.json": json.dumps(result, indent=2) + "\n",
         "verdicts.md": to_markdown(result),

@@ -12,12 +12,11 @@ rule aggregate:
         groups="config/groups.yaml",
     output:
         csv=report(
-            TABLE_FILES[0],
+            TABLE_CSV,
             caption="../report/table.rst",
             category="Table",
             labels={"table": "all runs"},
         ),
-        parquet=TABLE_FILES[1],
         curves=f"{TABLE}-curves.csv",
         test_time=f"{TABLE}-test-time.csv",
     params:
@@ -39,7 +38,7 @@ rule aggregate:
 
 rule verdicts:
     input:
-        csv=TABLE_FILES[0],
+        csv=TABLE_CSV,
         groups="config/groups.yaml",
     output:
         json=os.path.join(VERDICTS, "verdicts.json"),
@@ -66,7 +65,7 @@ rule verdicts:
 
 rule plot_group:
     input:
-        csv=TABLE_FILES[0],
+        csv=TABLE_CSV,
         curves=f"{TABLE}-curves.csv",
         test_time=f"{TABLE}-test-time.csv",
         groups="config/groups.yaml",

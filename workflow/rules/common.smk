@@ -39,7 +39,7 @@ one_thread_per_job()
 PLAN = study.plan
 RESULTS = study.results
 TABLE = os.path.join(RESULTS, "table")
-TABLE_FILES = [f"{TABLE}.csv", f"{TABLE}.parquet"]
+TABLE_CSV = f"{TABLE}.csv"
 PLOT_FILES = os.path.join(RESULTS, "plots", "{group}.{ext}")
 SELECTED_GROUPS = study.selected_groups
 TEST_TIME_STEPS = ",".join(map(str, study.test_time_steps))
