@@ -57,7 +57,7 @@ onerror:
 
 rule all:
     input:
-        TABLE_FILES,
+        TABLE_CSV,
         rules.verdicts.output,
         expand(PLOT_FILES, group=SELECTED_GROUPS, ext=["png", "svg"]),
     default_target: True
