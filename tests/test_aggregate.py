@@ -84,6 +84,14 @@ def test_a_missing_summary_names_the_file_and_who_writes_it(results, capsys):
     assert aggregate(results, results / "t") == 2
     err = capsys.readouterr().err
     assert "runs/exp01c.json: missing (`trm summarize` writes it when the run has finished)" in err
+    # A summary without a metric of this version (an older or hand-made file) is refused, not read as unmeasured.
+    path = results / "runs/exp01a.json"
+    path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != "curve"}))
+    assert aggregate(results, results / "t") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("exp01a.json: not a run summary of this version (no curve): delete it and rerun the run's "
+                        "train job, which summarises the finished run again")  # fmt: skip
+    assert "\n" not in err and "Traceback" not in err
 
 
 def test_each_runs_config_is_its_job_files(results, capsys):

@@ -23,7 +23,7 @@ def _eval(step: int, exact: float, subset: int | None = 8192) -> dict:
     """An eval record as the trainer writes it (metrics abridged)."""
     count = 8192 if subset else 422_786
     return {"kind": "eval", "split": "test", "subset": subset, "step": step, "epoch": step / 10, "count": count,
-            "exact_accuracy": exact, "accuracy": 0.9}  # fmt: skip
+            "exact_accuracy": exact, "accuracy": 0.9, "accuracy_puzzle_sd": 0.05}  # fmt: skip
 
 
 def _train(step: int, halt_steps: list[int], rate: float) -> dict:
@@ -79,6 +79,7 @@ def test_a_finished_run_is_summarised_from_storage(storage_root, tmp_path):
     assert sorted(summary) == sorted(["config_hash", "devices", *SUMMARY_METRICS, "curve", "test_time"])
     assert (summary["config_hash"], summary["devices"]) == ("abc", 4)
     assert summary["test_exact_accuracy"] == 0.8 and summary["test_cell_accuracy"] == 0.9
+    assert summary["test_cell_accuracy_puzzle_sd"] == 0.05
     best = (summary["best_test_exact_accuracy"], summary["best_test_epoch"], summary["best_test_puzzles"])
     assert best == (0.82, 20.0, 8192)
     # The last eval interval (epochs 30 to 40) holds the train records of steps 350 and 400; throughput is the

@@ -51,6 +51,22 @@ def _read_json(path: Path) -> dict:
         raise UserError(f"{path}: missing (`trm summarize` writes it when the run has finished)") from None
 
 
+def _read_summary(path: Path) -> dict:
+    """A run's summary; UserError naming the file and what it lacks when `trm summarize` did not write it so."""
+    summary = _read_json(path)
+    missing = [
+        key
+        for key in ("config_hash", "devices", *SUMMARY_METRICS, "curve", "test_time")
+        if key not in summary
+    ]
+    if missing:
+        raise UserError(
+            f"{path}: not a run summary of this version (no {', '.join(missing)}): delete it and rerun the run's "
+            "train job, which summarises the finished run again"
+        )
+    return summary
+
+
 def _config_of(results: Path, config_hash: str) -> dict:
     """The resolved config of the run `config_hash` names: its job file's, where the workflow wrote it."""
     path = job_path(str(results), config_hash)
@@ -99,7 +115,7 @@ def aggregate(
     for run_id in ids:
         # A replicate's row (run EXP~sK) is a row of its experiment: `id` EXP, which every summary groups by.
         exp_id = experiment_of(run_id)
-        summary = _read_json(results / "runs" / f"{run_id}.json")
+        summary = _read_summary(results / "runs" / f"{run_id}.json")
         if summary["config_hash"] not in configs:
             configs[summary["config_hash"]] = _config_of(results, summary["config_hash"])
         config = configs[summary["config_hash"]]
@@ -122,8 +138,7 @@ def aggregate(
             "accelerator_hours": wall * summary["devices"] / 3600.0,
             "estimated_accelerator_hours": accelerator_hours(flops, peak_flops, utilization),
         }
-        # A summary written before a metric existed (test_cell_accuracy_puzzle_sd) leaves it unmeasured.
-        values = {**computed, **{key: summary.get(key) for key in SUMMARY_METRICS}}
+        values = {**computed, **{key: summary[key] for key in SUMMARY_METRICS}}
         rows.append(
             {
                 "id": exp_id,
@@ -212,8 +227,5 @@ def main(args: argparse.Namespace) -> int:
     storage.write_text(str(output.with_suffix(".csv")), runs.to_csv(index=False))
     storage.write_text(str(output.with_name(output.name + "-curves.csv")), curves.to_csv(index=False))
     storage.write_text(str(output.with_name(output.name + "-test-time.csv")), test_time.to_csv(index=False))
-    print(
-        f"wrote {output}.csv ({len(runs)} runs), {output.name}-curves.csv and "
-        f"{output.name}-test-time.csv"
-    )
+    print(f"wrote {output}.csv ({len(runs)} runs), {output.name}-curves.csv and {output.name}-test-time.csv")
     return 0

@@ -78,8 +78,7 @@ def run_metrics(config: dict, records: list[dict], final: dict) -> dict:
         "best_test_epoch": best["epoch"],
         "best_test_puzzles": best["count"],
         "test_cell_accuracy": test["accuracy"],
-        # None from a final evaluation that did not record it (written before the Tally kept sums of squares)
-        "test_cell_accuracy_puzzle_sd": test.get("accuracy_puzzle_sd"),
+        "test_cell_accuracy_puzzle_sd": test["accuracy_puzzle_sd"],
         "train_exact_accuracy": train_exact,
         "train_test_gap": None if train_exact is None else train_exact - test["exact_accuracy"],
         "mean_halt_steps": statistics.fmean(r["steps"] for r in last_interval) if last_interval else None,

@@ -106,26 +106,25 @@ def rows_record(rows: Rows) -> dict:
     return {"subset_size": size, "subset_seed": seed}
 
 
-def _rows_of(record: dict | None) -> Rows:
-    if record is None or record["subset_size"] is None:
+def _rows_of(record: dict) -> Rows:
+    if record["subset_size"] is None:
         return None
     return record["subset_size"], record["subset_seed"]
 
 
 def read_evaluation(run_dir: str, checkpoint_step: int) -> dict[tuple[Rows, int], dict]:
     """The results of the run's test_time.json by (rows, count), if it evaluated the checkpoint of
-    `checkpoint_step`. A file without "evaluated_rows" (written before the curve had a subset) is the whole
-    split."""
+    `checkpoint_step`."""
     url = layout.path(run_dir, layout.TEST_TIME)
     if not storage.exists(url):
         return {}
     summary = json.loads(storage.read_text(url))
     if summary["checkpoint_step"] != checkpoint_step:
         return {}
-    evaluated_rows = summary.get("evaluated_rows", {})
-    done = {(_rows_of(evaluated_rows.get(str(r["steps"]))), r["steps"]): r for r in summary["results"]}
-    curve = summary.get("test_time_subset")
-    for result in summary.get("curve_results", []):
+    evaluated_rows = summary["evaluated_rows"]
+    done = {(_rows_of(evaluated_rows[str(r["steps"])]), r["steps"]): r for r in summary["results"]}
+    curve = summary["test_time_subset"]
+    for result in summary["curve_results"]:
         done.setdefault((None if curve is None else (curve["size"], curve["seed"]), result["steps"]), result)
     return done
 
