@@ -239,7 +239,9 @@ def test_study_criteria_can_fail():
         35_000.0,
         36_000.0,
     ]
-    batch, curriculum = judge_groups([groups["exp06"], groups["contrib01"]], results, "paper", SPLIT)["groups"]
+    batch, curriculum = judge_groups([groups["exp06"], groups["contrib01"]], results, "paper", SPLIT)[
+        "groups"
+    ]
     assert [c["verdict"] for c in batch["criteria"]] == [NOT_SUPPORTED, SUPPORTED]
     assert "exp06_a - exp06_c: not supported: difference -7.0 ± 0.5 points" in batch["criteria"][0]["detail"]
     assert [c["verdict"] for c in curriculum["criteria"]] == [NOT_SUPPORTED, SUPPORTED]

@@ -18,7 +18,6 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 
-from trm.analysis.plots import CELL_FALLBACK
 from trm.analysis.uncertainty import (
     AT_LEAST,
     AT_MOST,
@@ -37,13 +36,12 @@ from trm.analysis.uncertainty import (
     summarize,
 )
 from trm.study.groups import REFERENCE_GROUP
-from trm.study.metrics import RUN_METRICS
+from trm.study.metrics import CELL_FALLBACK, RUN_METRICS
 
-# Metrics that are fractions of the whole test split's puzzles: a single run of them has a sampling interval.
-TEST_FRACTIONS = ("test_exact_accuracy", "test_cell_accuracy")
-# Those that are means of a per-puzzle fraction, and the column with a run's standard deviation of it over the
-# puzzles: a single run's sampling interval comes from it (uncertainty.summarize), Wilson's bound where it is empty.
-PUZZLE_SD_COLUMNS = {"test_cell_accuracy": "test_cell_accuracy_puzzle_sd"}
+# The metrics with a single run's sampling interval, and the column of a run's sd over the puzzles for those that
+# are means of a per-puzzle fraction: the interval comes from it (uncertainty.summarize), Wilson's where it is empty.
+TEST_FRACTIONS = tuple(key for key, metric in RUN_METRICS.items() if metric.sampled_over_test_split)
+PUZZLE_SD_COLUMNS = {key: metric.puzzle_sd for key, metric in RUN_METRICS.items() if metric.puzzle_sd}
 POINT = 0.01  # accuracies are fractions; differences of them are read in points
 CELL_CAVEAT = (
     "exact accuracy is 0 for every run of the group at this scale: judged on {metric}, the metric the plots "

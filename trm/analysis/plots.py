@@ -31,7 +31,7 @@ from trm.analysis.aggregate import read_table
 from trm.analysis.uncertainty import SEEDS
 from trm.errors import UserError
 from trm.study.groups import REFERENCE_GROUP, load_groups
-from trm.study.metrics import CURVE_METRICS, PLOT_METRICS, TEST_TIME_METRICS, Metric
+from trm.study.metrics import CELL_FALLBACK, CURVE_METRICS, PLOT_METRICS, TEST_TIME_METRICS, Metric
 
 # pandas and matplotlib are imported where a plot is drawn: `trm plot-group --help` stays fast.
 if TYPE_CHECKING:
@@ -59,8 +59,6 @@ def label(name: str) -> str:
 # 0.7392) is drawn as the near-flat line it is, not as a cliff filling the panel.
 MIN_ACCURACY_SPAN = 0.05
 
-# Exact accuracy -> the cell accuracy drawn instead when a group's exact accuracy is 0 throughout.
-CELL_FALLBACK = {"test_exact_accuracy": "test_cell_accuracy", "exact_accuracy": "accuracy"}
 FALLBACK_TITLE = "exact accuracy 0 for every run: cell accuracy shown"
 
 

@@ -40,10 +40,10 @@ from trm.analysis.judge import (
     reference_ids,
     samples_by_experiment,
 )
-from trm.analysis.plots import CELL_FALLBACK
 from trm.analysis.uncertainty import INCONCLUSIVE, NO_DATA, NO_SIGNAL, NOT_SUPPORTED, SUPPORTED
 from trm.errors import UserError
 from trm.study.groups import load_groups
+from trm.study.metrics import CELL_FALLBACK
 from trm.study.scale import SCALES
 
 if TYPE_CHECKING:  # pandas is imported where a table is read, so `trm verdicts --help` stays fast

@@ -33,6 +33,13 @@ class Metric:
     unit: str
     higher_is_better: bool | None  # None: neither way is better (a description of the run, such as its size)
     source: str = "run"  # RUN_METRICS only: "run" (trm summarize) or "table" (trm aggregate)
+    # An exact accuracy's cell accuracy, which the plots draw and the smoke-scale verdicts judge instead when the
+    # exact accuracy is 0 for every run of a group (tiny models solve no whole puzzle).
+    cell_fallback: str | None = None
+    # RUN_METRICS only: a fraction of the whole test split's puzzles, so one run's value has a sampling interval
+    # (docs/statistics.md); `puzzle_sd` names the column with that run's sd of it over the puzzles, when recorded.
+    sampled_over_test_split: bool = False
+    puzzle_sd: str | None = None
 
     @property
     def axis_label(self) -> str:
@@ -76,6 +83,8 @@ RUN_METRICS = _by_key(
         "test exact accuracy",
         FRACTION_OF_PUZZLES,
         True,
+        cell_fallback="test_cell_accuracy",
+        sampled_over_test_split=True,
     ),
     Metric(
         "best_test_exact_accuracy",
@@ -99,6 +108,8 @@ RUN_METRICS = _by_key(
         "test cell accuracy",
         FRACTION_OF_CELLS,
         True,
+        sampled_over_test_split=True,
+        puzzle_sd="test_cell_accuracy_puzzle_sd",
     ),
     Metric(
         "test_cell_accuracy_puzzle_sd",
@@ -211,6 +222,7 @@ CURVE_METRICS = _by_key(
         "test exact accuracy",
         FRACTION_OF_PUZZLES,
         True,
+        cell_fallback="test_cell_accuracy",
     ),
     Metric(
         "test_cell_accuracy",
@@ -230,6 +242,7 @@ TEST_TIME_METRICS = _by_key(
         "test exact accuracy",
         FRACTION_OF_PUZZLES,
         True,
+        cell_fallback="accuracy",
     ),
     Metric(
         "accuracy", "right cells / cells, averaged per puzzle", "test cell accuracy", FRACTION_OF_CELLS, True
@@ -261,3 +274,11 @@ TEST_TIME_METRICS = _by_key(
 # What a plot's axis or a criterion may name besides config keys (a plot's x may also be `member`).
 PLOT_METRICS = {**RUN_METRICS, "epoch": CURVE_METRICS["epoch"]}
 CRITERION_METRICS = RUN_METRICS
+
+# Each exact accuracy of the three tables -> its cell accuracy (Metric.cell_fallback).
+CELL_FALLBACK = {
+    metric.key: metric.cell_fallback
+    for table in (RUN_METRICS, CURVE_METRICS, TEST_TIME_METRICS)
+    for metric in table.values()
+    if metric.cell_fallback
+}
