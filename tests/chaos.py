@@ -66,14 +66,13 @@ class Study:
         subprocess.run(["gcloud", *args], env=self.env, check=True, timeout=60, capture_output=True)
 
 
-def make_study(
-    root: Path, storage_url: str, slices: tuple[str, ...], runs: int, env: dict[str, str], tpu: dict
-) -> Study:
-    """A study of `runs` chaos experiments (differing in their seed) in a new copy of the workflow at `root`."""
+def make_study(root: Path, storage_url: str, slices: tuple[str, ...], runs: int, env: dict[str, str], tpu: dict,
+               experiment: dict = EXPERIMENT) -> Study:  # fmt: skip
+    """A study of `runs` runs of `experiment`, differing in their seed, in a new copy of the workflow at `root`."""
     copy_workflow(root)
     experiments = [f"chaos_{chr(ord('a') + n)}" for n in range(runs)]
     for n, name in enumerate(experiments):
-        config = {**EXPERIMENT, "train": {**EXPERIMENT["train"], "seed": n}}
+        config = {**experiment, "train": {**experiment["train"], "seed": n}}
         (root / "config" / "experiments" / f"{name}.yaml").write_text(json.dumps(config))
     groups = root / "config" / "groups.yaml"
     references = "".join(f"  - id: {name}\n    label: {name}\n" for name in experiments)

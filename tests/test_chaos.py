@@ -19,25 +19,33 @@ import os
 import time
 
 import pytest
-from chaos import Chaos, Fault, fingerprint, make_study
+from chaos import EXPERIMENT, Chaos, Fault, fingerprint, make_study
 
 pytestmark = [pytest.mark.tpu, pytest.mark.workflow, pytest.mark.slow]
 
 # The launcher's settings for the study: a hung gcloud call costs 3 s, a run whose trainers died silently (the
 # killed host's peer aborts without a word) is relaunched 30 s after their last heartbeat.
 TPU = {"gcloud_timeout_seconds": 3, "stale_after_seconds": 30}
+# Shorter runs than the soak's (chaos.EXPERIMENT: 180 steps, a checkpoint every 20) with as many checkpoints:
+# 12 puzzles x 72 epochs / 8 = 108 steps, a checkpoint every 10. A killed launcher's trainers train on until its
+# job's retry stops them (about 50 steps on a loaded machine): that one comes early, 78 steps before the end.
+RUNS = {
+    **EXPERIMENT,
+    "data": {**EXPERIMENT["data"], "train_puzzles": 600},
+    "train": {**EXPERIMENT["train"], "checkpoint_every_steps": 10},
+}
 
 
 def _faults() -> list[Fault]:
     return [
-        Fault("gcloud", "chaos_a", 20, "describe unavailable 2"),
-        Fault("gcloud", "chaos_a", 20, "describe throttled 1"),
-        Fault("gcloud", "chaos_a", 20, "describe timeout 1"),
-        Fault("gcloud", "chaos_a", 40, "create unavailable 1"),  # the recreation after the preemption
-        Fault("preempt", "chaos_a", 40),
-        Fault("notice", "chaos_b", 40, "1"),
-        Fault("kill-host", "chaos_b", 100, "1"),
-        Fault("kill-launcher", "chaos_a", 100),  # Snakemake retries the job
+        Fault("gcloud", "chaos_a", 10, "describe unavailable 2"),
+        Fault("gcloud", "chaos_a", 10, "describe throttled 1"),
+        Fault("gcloud", "chaos_a", 10, "describe timeout 1"),
+        Fault("gcloud", "chaos_a", 20, "create unavailable 1"),  # the recreation after the preemption
+        Fault("preempt", "chaos_a", 20),
+        Fault("notice", "chaos_b", 20, "1"),
+        Fault("kill-host", "chaos_b", 50, "1"),
+        Fault("kill-launcher", "chaos_a", 30),  # Snakemake retries the job
     ]
 
 
@@ -47,14 +55,16 @@ def test_a_disturbed_study_ends_bit_identical_to_an_undisturbed_one(cloud, tpu_b
     tag = f"chaos{os.getpid()}"  # slice names of their own: another pytest worker may run fake slices
     started = time.time()
     reference = make_study(
-        tmp_path / "reference", f"{tpu_bucket}/reference", (f"{tag}-r0", f"{tag}-r1"), 2, env, TPU
+        tmp_path / "reference", f"{tpu_bucket}/reference", (f"{tag}-r0", f"{tag}-r1"), 2, env, TPU, RUNS
     )
     assert Chaos(reference, []).run(timeout=600) == 0, (reference.root / "snakemake-0.log").read_text()[
         -4000:
     ]
     undisturbed = time.time() - started
 
-    study = make_study(tmp_path / "chaos", f"{tpu_bucket}/chaos", (f"{tag}-c0", f"{tag}-c1"), 2, env, TPU)
+    study = make_study(
+        tmp_path / "chaos", f"{tpu_bucket}/chaos", (f"{tag}-c0", f"{tag}-c1"), 2, env, TPU, RUNS
+    )
     chaos = Chaos(study, _faults())
     rc = chaos.run(timeout=900)
     faults = chaos.report()

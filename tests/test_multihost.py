@@ -20,6 +20,7 @@ from tiny_run import TINY, set_flags, tiny_config
 
 from trm.config import BASE_CONFIG
 from trm.launch.local import free_port, host_environment
+from trm.run import distributed
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slow]
 
@@ -78,14 +79,17 @@ def _launch(
     )
 
 
-def _start_hosts(train_args: list[list[str]], devices: int) -> list[subprocess.Popen]:
-    """One `trm train` per element of `train_args`, as hosts of one job (without the launcher)."""
+def _start_hosts(
+    train_args: list[list[str]], devices: int, env: dict[str, str] | None = None
+) -> list[subprocess.Popen]:
+    """One `trm train` per element of `train_args`, as hosts of one job (without the launcher), with `env` over
+    this process's environment."""
     port = free_port()
     return [
         subprocess.Popen(
             [sys.executable, "-m", "trm.cli", "train", *args],
             cwd=REPO,
-            env=host_environment(dict(os.environ), len(train_args), devices, index, port),
+            env=host_environment({**os.environ, **(env or {})}, len(train_args), devices, index, port),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
@@ -210,8 +214,9 @@ def test_preemption_and_a_dead_host_then_resume(easy_data, two_by_two, tmp_path)
     stopped = _latest_checkpoint(run)
     assert 0 < stopped < 24 and not (run / "_SUCCESS").exists()
 
-    # SIGKILL one host after the resumed run's next checkpoint: the other exits non-zero within 30 s.
-    procs = _start_hosts([args, args], devices=2)
+    # SIGKILL one host after the resumed run's next checkpoint: the other exits non-zero within 30 s. It gives
+    # its silent peer up after 5 s without a heartbeat, not the local launcher's 10 s, and the test waits that.
+    procs = _start_hosts([args, args], devices=2, env={distributed.ENV_HEARTBEAT_TIMEOUT: "5"})
     try:
         _wait_for_checkpoint(run, procs, after=stopped)
         procs[1].kill()
