@@ -92,6 +92,7 @@ def estimates(output: str, part: str) -> dict[str, float]:
 
 
 def refused(tmp_path: Path, changes: dict, **kwargs) -> str:
+    """The message with which the Study of these settings (as `study` builds it) is refused: one line."""
     with pytest.raises(UserError) as info:
         study(tmp_path, changes, **kwargs)
     message = str(info.value)
