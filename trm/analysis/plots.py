@@ -2,18 +2,18 @@
 
     trm plot-group exp01 --table results/smoke/table --groups config/groups.yaml --output results/smoke/plots/exp01
 
-Reads TABLE.csv, TABLE-curves.csv and TABLE-test-time.csv (`trm aggregate`). Each panel is one `plots:` entry of
-the group: `line` puts the members on x (a config key, a metric or `member`), `pareto` scatters them and draws the
-front of runs no other run beats on both axes, `curve` draws test accuracy over training per member. The group's
-baseline is drawn as a star (a thick black line for curves). A `line` or `pareto` panel draws each experiment at
-its mean with its 95% interval from the table (`trm aggregate`: solid over seeds, dashed where one run borrowed the
-noise floor or the test split's sampling interval), every run as a small black dot, and n beside each experiment's
-id. A metric the runs did not measure is shown as an empty panel saying so. A last panel, on every group, draws test
-exact accuracy against the number of supervision steps at test time per member, from TABLE-test-time.csv (`trm
-evaluate` at the workflow's test_time_steps). A curve panel and the test-time panel draw each experiment's mean line
-with its 95% interval as a shaded band (trm/analysis/bands.py: over seeds, or for one run the noise floor at that
-epoch or step count with the sampling interval of the puzzles evaluated; a reference run's band hatched), every run
-as a thin line, and n in the legend (with the interval's source where n = 1).
+Reads TABLE.csv, TABLE-curves.csv and TABLE-test-time.csv (`trm aggregate`). Each panel is one `plots:` entry of the
+group: `line` puts the members on x (a config key, a metric or `member`), `pareto` scatters them and draws the front
+of runs no other run beats on both axes, `curve` draws test accuracy over training per member. The group's baseline
+is drawn as a star (a thick black line for curves). A `line` or `pareto` panel draws each experiment at its mean
+with its 95% interval from the table (`trm aggregate`: solid over seeds, dashed where one run borrowed the noise
+floor or the test split's sampling interval), every run as a small black dot, and n beside each experiment's id. A
+metric the runs did not measure is shown as an empty panel saying so. A last panel, on every group, draws test exact
+accuracy against the number of supervision steps at test time per member, from TABLE-test-time.csv (the training
+job's final evaluation at the workflow's test_time_steps). A curve panel and the test-time panel draw each
+experiment's mean line with its 95% interval as a shaded band (trm/analysis/bands.py: over seeds, or for one run the
+noise floor at that epoch or step count with the sampling interval of the puzzles evaluated; a reference run's band
+hatched), every run as a thin line, and n in the legend (with the interval's source where n = 1).
 
 Where a panel's exact accuracy is 0 for every run of the group (short runs, e.g. the smoke scale), the panel draws
 cell accuracy instead (the fraction of cells right) and its title says so: a flat line at 0 shows no trend.
@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from trm import storage
 from trm.analysis.aggregate import read_table
+from trm.analysis.bands import point_summaries
 from trm.analysis.uncertainty import SEEDS
 from trm.errors import UserError
 from trm.study.groups import REFERENCE_GROUP, load_groups
@@ -267,9 +268,6 @@ def _lines(
     run as a thin line, n in the legend; the baseline's thick and black."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
-
-    # Imported here: bands imports judge, which imports this module.
-    from trm.analysis.bands import point_summaries
 
     y = metric.key
     ref_ids = list(dict.fromkeys(refs["id"]))
