@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from workflow_support import finished_runs, study
 
+from trm.analysis.aggregate import RUN_TABLE_COLUMNS
 from trm.analysis.judge import SUMMARY_FIELDS
 from trm.analysis.uncertainty import NO_INTERVAL, SAMPLING_ONLY, wilson_interval
 from trm.cli import main as trm_main
@@ -42,6 +43,7 @@ def test_the_table_is_the_summaries_metrics_in_the_registrys_order(results):
     table = pd.read_csv(f"{output}.csv")
     columns = list(table.columns)
     assert columns[:8] == ["id", "group", "baseline", "varied", "config_hash", "seed", "run", "config_key"]
+    assert tuple(columns[:8]) == RUN_TABLE_COLUMNS  # what the plots and the verdicts require of a table
     assert columns[8 : 8 + len(RUN_METRICS)] == list(RUN_METRICS)
     summaries = [f"{m}_{suffix}" for m in SUMMARY_METRICS for suffix in SUMMARY_FIELDS]
     # then the config keys groups plot, then each summary metric's per-experiment uncertainty

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from workflow_support import runs_table
 
 from trm.config import EXPERIMENTS_DIR
 from trm.study.groups import GROUPS_PATH
@@ -53,13 +54,12 @@ def test_import_torch_names_a_file_that_is_no_checkpoint(tmp_path):
 
 def test_verdicts_names_a_cell_that_is_not_a_number(tmp_path):
     table = tmp_path / "table.csv"
-    pd.DataFrame(
-        {
-            "id": ["exp07a", "exp07b", "exp07c"],
-            "test_exact_accuracy": ["0.8", "0.7x", ""],
-            "step_time_s": [1, 2, 3],
-        }
-    ).to_csv(table, index=False)
+    rows = {
+        "id": ["exp07a", "exp07b", "exp07c"],
+        "test_exact_accuracy": ["0.8", "0.7x", ""],
+        "step_time_s": [1, 2, 3],
+    }
+    runs_table(pd.DataFrame(rows), "exp07").to_csv(table, index=False)
     out = tmp_path / "verdicts"
     line = refused(
         "verdicts",

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from workflow_support import runs_table
 
 from trm.analysis.plots import FALLBACK_TITLE, _pareto_front, plot_group
 from trm.study.groups import GROUPS_PATH, load_groups
@@ -15,24 +16,29 @@ from trm.study.metrics import CURVE_METRICS, RUN_METRICS
 
 
 def tables(group: dict, exact: float) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Runs, curves and test-time rows for every member: cell accuracy 0.3 + 0.1 i, exact accuracy `exact`."""
+    """Runs, curves and test-time rows for every member (one run each, evaluations of 16 puzzles): cell accuracy
+    0.3 + 0.1 i, exact accuracy `exact`."""
     members = group["members"]
-    runs = pd.DataFrame(
-        {
-            "id": members,
-            "group": group["id"],
-            "varied": [f"m{i}" for i in range(len(members))],
-            "baseline": [m == group["baseline"] for m in members],
-            "test_exact_accuracy": exact,
-            "test_cell_accuracy": [0.3 + 0.1 * i for i in range(len(members))],
-        }
+    runs = runs_table(
+        pd.DataFrame(
+            {
+                "id": members,
+                "varied": [f"m{i}" for i in range(len(members))],
+                "baseline": [m == group["baseline"] for m in members],
+                "test_exact_accuracy": exact,
+                "test_cell_accuracy": [0.3 + 0.1 * i for i in range(len(members))],
+            }
+        ),
+        group["id"],
     )
     curves = pd.DataFrame(
         [
             {
                 "id": m,
+                "run": m,
                 "group": group["id"],
                 "epoch": epoch,
+                "count": 16,
                 "test_exact_accuracy": exact,
                 "test_cell_accuracy": 0.2,
             }
@@ -44,9 +50,11 @@ def tables(group: dict, exact: float) -> tuple[pd.DataFrame, pd.DataFrame, pd.Da
         [
             {
                 "id": m,
+                "run": m,
                 "group": group["id"],
                 "baseline": False,
                 "steps": k,
+                "count": 16,
                 "exact_accuracy": exact,
                 "accuracy": 0.4,
             }
@@ -82,23 +90,33 @@ def test_axes_stay_legible_log_ticks_apart_and_a_small_accuracy_change_flat():
 
     group = next(g for g in load_groups() if g["id"] == "exp01")
     members = group["members"]
-    runs = pd.DataFrame(
-        {
-            "id": members,
-            "group": "exp01",
-            "varied": members,
-            "baseline": [m == group["baseline"] for m in members],
-            "parameter_count": [1.48e6, 2.97e6, 5.03e6, 9.75e6, 21.6e6, 38.1e6],  # the paper-scale widths'
-            "test_exact_accuracy": [0.70, 0.80, 0.87, 0.86, 0.85, 0.84],
-        }
+    runs = runs_table(
+        pd.DataFrame(
+            {
+                "id": members,
+                "baseline": [m == group["baseline"] for m in members],
+                "parameter_count": [
+                    1.48e6,
+                    2.97e6,
+                    5.03e6,
+                    9.75e6,
+                    21.6e6,
+                    38.1e6,
+                ],  # the paper-scale widths'
+                "test_exact_accuracy": [0.70, 0.80, 0.87, 0.86, 0.85, 0.84],
+            }
+        ),
+        "exp01",
     )
     test_time = pd.DataFrame(
         [
             {
                 "id": m,
+                "run": m,
                 "group": "exp01",
                 "baseline": False,
                 "steps": k,
+                "count": 1000,
                 "exact_accuracy": accuracy,
                 "accuracy": 0.9,
             }
@@ -107,8 +125,8 @@ def test_axes_stay_legible_log_ticks_apart_and_a_small_accuracy_change_flat():
         ]
     )
     fig, (ax, ax_test_time) = plt.subplots(1, 2, figsize=(12, 4.5))
-    _panel(ax, group["plots"][0], group, runs, runs.iloc[:0], runs.iloc[:0])
-    _test_time_panel(ax_test_time, group, test_time, runs.iloc[:0])
+    _panel(ax, group["plots"][0], group, runs, runs.iloc[:0], runs.iloc[:0], runs)
+    _test_time_panel(ax_test_time, group, test_time, runs.iloc[:0], runs)
     fig.tight_layout()
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
@@ -172,29 +190,28 @@ def test_each_experiment_is_drawn_at_its_mean_with_its_interval_every_run_as_a_d
         m: [0.40, 0.46, 0.43] if m == group["baseline"] else [0.30 + 0.02 * i] for i, m in enumerate(members)
     }
     width = {m: 1e6 * 2**i for i, m in enumerate(members)}
-    runs = pd.DataFrame(
-        [
-            {
-                "id": m,
-                "group": "exp01",
-                "varied": m,
-                "baseline": m == group["baseline"],
-                "config_hash": f"{m}-{seed}",
-                "config_key": m,
-                "seed": seed,
-                "parameter_count": width[m],
-                "test_exact_accuracy": value,
-            }
-            for m in members
-            for seed, value in enumerate(seeds[m])
-        ]
+    runs = runs_table(
+        pd.DataFrame(
+            [
+                {
+                    "id": m,
+                    "baseline": m == group["baseline"],
+                    "seed": seed,
+                    "parameter_count": width[m],
+                    "test_exact_accuracy": value,
+                }
+                for m in members
+                for seed, value in enumerate(seeds[m])
+            ]
+        ),
+        "exp01",
     )
     metrics = ["test_exact_accuracy"]
     runs = add_summaries(runs, metrics, noise_floors(runs, metrics, reference_ids(runs)), test_puzzles=1000)
     sources = runs.drop_duplicates("id").set_index("id")["test_exact_accuracy_interval"]
     assert sources[group["baseline"]] == SEEDS and sources["exp01a"] == FLOOR_AND_SAMPLING
     fig, ax = plt.subplots()
-    _panel(ax, group["plots"][0], group, runs, runs.iloc[:0], runs.iloc[:0])
+    _panel(ax, group["plots"][0], group, runs, runs.iloc[:0], runs.iloc[:0], runs)
     labels = {t.get_text() for t in ax.texts}
     assert f"{group['baseline']} (n=3)" in labels and "exp01a (n=1)" in labels
     (line,) = [line for line in ax.get_lines() if line.get_marker() == "o"]
@@ -235,7 +252,7 @@ def band_tables(x: str, y: str) -> tuple[pd.DataFrame, pd.DataFrame]:
             {**base, x: at, "count": puzzles, y: value, "accuracy": 0.9, "test_cell_accuracy": 0.9}
             for at, puzzles, value in zip(BAND_XS[x], PUZZLES, values, strict=False)
         ]
-    return pd.DataFrame(runs), pd.DataFrame(points)
+    return runs_table(pd.DataFrame(runs)), pd.DataFrame(points)
 
 
 def band_edges(collection) -> dict[float, tuple[float, float]]:

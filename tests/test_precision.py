@@ -13,7 +13,6 @@ from flax import nnx
 from model_configs import model_config
 
 from trm.model.trm import TRM, split_state
-from trm.train.checkpoint import Checkpointer
 
 
 @pytest.mark.slow
@@ -50,23 +49,6 @@ def test_embedding_gradients_are_summed_in_float32_under_a_bfloat16_forward():
     np.testing.assert_allclose(table[puzzle_id], weights[:, 0].sum(0) * scale, rtol=1e-2)
     assert np.all(table[1 - puzzle_id] == 0)
     np.testing.assert_allclose(np.asarray(grads["embed_pos"][...]), weights.sum(0) * scale, rtol=1e-2)
-
-
-def test_start_states_saved_in_bfloat16_by_earlier_versions_restore_exactly(tmp_path):
-    """Checkpoints written before H_init/L_init became float32 hold them in bfloat16; a resume restores them into
-    the float32 template, value for value."""
-    values = np.random.default_rng(1).standard_normal(16).astype(np.float32)
-    old = {"buffers": {"H_init": jnp.asarray(values, jnp.bfloat16)}, "step": jnp.zeros([], jnp.int32)}
-    checkpoints = Checkpointer(str(tmp_path / "ckpt"), keep=1, every_steps=1)
-    checkpoints.save(1, old, {})
-    checkpoints.wait()
-    like = {"buffers": {"H_init": jnp.zeros(16, jnp.float32)}, "step": jnp.zeros([], jnp.int32)}
-    restored, _ = checkpoints.restore(1, like)
-    checkpoints.close()
-    assert restored["buffers"]["H_init"].dtype == jnp.float32
-    np.testing.assert_array_equal(
-        restored["buffers"]["H_init"], np.asarray(old["buffers"]["H_init"], np.float32)
-    )
 
 
 def test_silu_takes_its_sigmoid_in_float32():

@@ -9,6 +9,7 @@ import math
 
 import pandas as pd
 import pytest
+from workflow_support import runs_table
 
 from trm.analysis.judge import PUZZLE_SD_COLUMNS, add_summaries, noise_floors, puzzle_sds
 from trm.analysis.uncertainty import (
@@ -73,17 +74,19 @@ def test_the_sd_is_a_run_metric_of_the_table_but_not_a_column_of_the_summaries()
 
 
 def _table(**columns) -> pd.DataFrame:
-    """a, c: one run each; b: 3 seeds (the noise floor)."""
-    return pd.DataFrame(
-        {
-            "id": ["b", "b", "b", "a", "c"],
-            "baseline": [True, True, True, False, False],
-            "config_key": ["h", "h", "h", "x", "y"],
-            "seed": [0, 1, 2, 0, 0],
-            "test_cell_accuracy": [0.50, 0.52, 0.54, 0.40, 0.30],
-            "test_exact_accuracy": [0.0, 0.0, 0.0, 0.0, 0.0],
-            **columns,
-        }
+    """a, c: one run each; b: 3 seeds (the noise floor). No run recorded its per-puzzle sd unless given."""
+    return runs_table(
+        pd.DataFrame(
+            {
+                "id": ["b", "b", "b", "a", "c"],
+                "baseline": [True, True, True, False, False],
+                "config_key": ["h", "h", "h", "x", "y"],
+                "seed": [0, 1, 2, 0, 0],
+                "test_cell_accuracy": [0.50, 0.52, 0.54, 0.40, 0.30],
+                "test_exact_accuracy": [0.0, 0.0, 0.0, 0.0, 0.0],
+                **columns,
+            }
+        )
     )
 
 
@@ -101,8 +104,9 @@ def test_the_table_reads_each_one_run_experiments_sd_and_names_the_interval_it_g
     assert set(out.loc["b", "test_cell_accuracy_interval"]) == {SEEDS}
 
 
-def test_a_table_without_the_column_keeps_wilsons_interval():
+def test_a_run_without_a_recorded_sd_keeps_wilsons_interval():
     table = _table()
+    assert table[SD_COLUMN].isna().all()
     out = add_summaries(table, ["test_cell_accuracy"], {}, test_puzzles=16).set_index("id")
     assert out.loc["a", "test_cell_accuracy_interval"] == SAMPLING_ONLY
     assert (out.loc["a", "test_cell_accuracy_low"], out.loc["a", "test_cell_accuracy_high"]) == pytest.approx(

@@ -56,12 +56,6 @@ def test_a_tally_saved_after_a_batch_continues_to_the_unbroken_figures_bit_for_b
     assert continued.to_record() == unbroken.to_record()
 
 
-def test_a_record_without_sums_of_squares_is_not_continued():
-    record = Tally(COUNTS).to_record()
-    del record["squares"]  # saved by a version that kept only the sums
-    assert Tally.from_record(record) is None
-
-
 def test_no_sd_below_two_puzzles():
     stats = {k: {name: np.array([0.5, 0.9], np.float32) for name in EVAL_STATS} for k in COUNTS}
     tally = Tally(COUNTS)

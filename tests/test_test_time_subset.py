@@ -271,23 +271,3 @@ def test_a_stopped_pass_of_another_subset_is_not_continued(checkpoint, tmp_path)
     _final_evaluation(checkpoint, run, SUBSET + 2, stop=lambda b: resumed.append(b) or False)
     assert resumed == [1, 2, 3, 4]  # 7 puzzles in batches of 2; the headline's pass is not evaluated again
     assert _written(run) == _written(unbroken)
-
-
-def test_a_stopped_pass_saved_without_sums_of_squares_starts_again(checkpoint, tmp_path):
-    unbroken = _fresh_copy(checkpoint, tmp_path / "unbroken")
-    _final_evaluation(checkpoint, unbroken, SUBSET)
-    run = _fresh_copy(checkpoint, tmp_path / "run")
-    calls = []
-    assert (
-        _final_evaluation(checkpoint, run, SUBSET, stop=lambda b: calls.append(b) or len(calls) == 3) is None
-    )
-    # As an older version saved it: the sums only, from which no per-puzzle sd can be finished.
-    progress_file = run / "test_time.progress.json"
-    progress = json.loads(progress_file.read_text())
-    del progress["tally"]["squares"]
-    progress_file.write_text(json.dumps(progress))
-    resumed = []
-    _final_evaluation(checkpoint, run, SUBSET, stop=lambda b: resumed.append(b) or False)
-    assert len(resumed) == 9  # the headline's 6 batches again, then the subset's 3
-    assert _written(run) == _written(unbroken)
-    assert all(r["accuracy_puzzle_sd"] > 0 for r in _written(run)["results"])

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 from scipy import stats
+from workflow_support import runs_table
 
 from trm.analysis.judge import (
     CELL_CAVEAT,
@@ -361,14 +362,16 @@ def test_the_noise_floor_counts_each_run_of_a_shared_config_once():
 def test_the_table_keeps_one_row_per_run_and_gains_each_experiments_summary():
     import pandas as pd
 
-    table = pd.DataFrame(
-        {
-            "id": ["b", "b", "b", "a"],
-            "config_key": ["h", "h", "h", "x"],
-            "seed": [0, 1, 2, 0],
-            "test_cell_accuracy": [0.50, 0.52, 0.54, 0.40],
-            "examples_per_second": [100.0, 110.0, 120.0, 90.0],
-        }
+    table = runs_table(
+        pd.DataFrame(
+            {
+                "id": ["b", "b", "b", "a"],
+                "config_key": ["h", "h", "h", "x"],
+                "seed": [0, 1, 2, 0],
+                "test_cell_accuracy": [0.50, 0.52, 0.54, 0.40],
+                "examples_per_second": [100.0, 110.0, 120.0, 90.0],
+            }
+        )
     )
     metrics = ["test_cell_accuracy", "examples_per_second"]
     floors = noise_floors(table, metrics, ["b"])

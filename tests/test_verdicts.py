@@ -1,4 +1,4 @@
-"""Success criteria of config/groups.yaml judged on hand-made results tables (trm.analysis.verdicts) against the
+"""Success criteria of config/groups.yaml judged on results tables made here as `trm aggregate` writes them (trm.analysis.verdicts) against the
 uncertainty of each difference: clear effects decided, effects inside the noise inconclusive with a seed estimate,
 constant metrics no signal, single runs on the noise floor; and the `trm verdicts` command. Bad groups files:
 test_groups_file.py."""
@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from workflow_support import groups_file
+from workflow_support import groups_file, runs_table
 
 from trm.analysis import verdicts
+from trm.analysis.aggregate import CURVE_COLUMNS, RUN_TABLE_COLUMNS, TEST_TIME_COLUMNS
 from trm.analysis.uncertainty import (
     FLOOR_AND_SAMPLING,
     INCONCLUSIVE,
@@ -45,13 +46,13 @@ JITTER = (-0.002, 0.0, 0.002)  # three seeds per point: 95% half-width of a diff
 def table(metric: str = "test_exact_accuracy", **values: float) -> pd.DataFrame:
     """Three seeds per experiment around each value: a difference of a few points is clearly decided."""
     rows = [(m, seed, v + jitter) for m, v in values.items() for seed, jitter in enumerate(JITTER)]
-    return pd.DataFrame(rows, columns=["id", "seed", metric])
+    return runs_table(pd.DataFrame(rows, columns=["id", "seed", metric]))
 
 
 def runs(metric: str = "test_exact_accuracy", **values: list[float]) -> pd.DataFrame:
     """One row per run: each experiment's list holds its seeds' values."""
     rows = [(m, seed, v) for m, vs in values.items() for seed, v in enumerate(vs)]
-    return pd.DataFrame(rows, columns=["id", "seed", metric])
+    return runs_table(pd.DataFrame(rows, columns=["id", "seed", metric]))
 
 
 def judge(criterion: dict, results: pd.DataFrame, scale: str = "paper") -> dict:
@@ -197,11 +198,13 @@ def test_single_runs_borrow_the_noise_floor_of_the_baselines_seeds_and_say_so():
 
 def test_study_criteria_on_the_papers_figures():
     groups = real_groups()
-    paper = pd.DataFrame(
-        {
-            "id": ["exp08a", "exp08b", "exp08c", "exp08d", "exp08e", "exp03b", "exp03d"],
-            "test_exact_accuracy": [0.799, 0.83, 0.86, 0.874, 0.87, 0.874, 0.795],
-        }
+    paper = runs_table(
+        pd.DataFrame(
+            {
+                "id": ["exp08a", "exp08b", "exp08c", "exp08d", "exp08e", "exp03b", "exp03d"],
+                "test_exact_accuracy": [0.799, 0.83, 0.86, 0.874, 0.87, 0.874, 0.795],
+            }
+        )
     )
     result = judge_groups([groups["exp08"], groups["exp03"]], paper, "paper", SPLIT)
     assert result["note"] == ""
@@ -277,8 +280,9 @@ def test_smoke_scale_judges_the_cell_accuracy_the_plots_show_and_says_it_tests_n
 
 
 def test_a_table_without_a_metric_column_is_refused():
+    without = table(exp07a=0.8, exp07b=0.8).drop(columns="step_time_s")
     with pytest.raises(UserError, match="no column step_time_s"):
-        judge_groups([real_groups()["exp07"]], table(exp07a=0.8, exp07b=0.8), "paper", SPLIT)
+        judge_groups([real_groups()["exp07"]], without, "paper", SPLIT)
 
 
 # ------------------------------------------------------------------------------------------------------ CLI
@@ -346,10 +350,17 @@ def test_plot_group_refuses_missing_malformed_or_foreign_tables_and_groups(tmp_p
 
     assert "none.csv: missing; `trm aggregate` writes it" in refused(tmp_path / "none", GROUPS_PATH)
     good = tmp_path / "good"
-    for suffix in ("", "-curves", "-test-time"):
-        Path(f"{good}{suffix}.csv").write_text("id,group\nexp07a,exp07\n")
+    headers = {"": RUN_TABLE_COLUMNS, "-curves": CURVE_COLUMNS, "-test-time": TEST_TIME_COLUMNS}
+    for suffix, columns in headers.items():
+        Path(f"{good}{suffix}.csv").write_text(",".join(columns) + "\n")
     (tmp_path / "foreign.csv").write_text("a,b\n1,2\n")
-    assert "foreign.csv: no column id, group: not a table" in refused(tmp_path / "foreign", GROUPS_PATH)
+    assert "foreign.csv: no column id, group, baseline, varied" in refused(tmp_path / "foreign", GROUPS_PATH)
+    # A hand-edited table that lost a column the plots read is refused naming it, before anything is drawn.
+    edited = tmp_path / "edited"
+    for suffix, columns in headers.items():
+        kept = [c for c in columns if c != "count"]
+        Path(f"{edited}{suffix}.csv").write_text(",".join(kept) + "\n")
+    assert "edited-curves.csv: no column count: not a table" in refused(edited, GROUPS_PATH)
     (tmp_path / "broken.csv").write_text('id,group\nexp07a,exp07,"unterminated\n')
     assert "broken.csv: not a readable CSV table" in refused(tmp_path / "broken", GROUPS_PATH)
     bad_yaml = tmp_path / "groups.yaml"

@@ -1,6 +1,7 @@
 """Helpers of the tests of the workflow and the study: its Study built from settings as Snakemake would (and the
 one-line refusal of bad settings), a copy of the workflow to edit and run, a dry run's cost estimates, an edited
-copy of config/groups.yaml, and a results folder as finished jobs leave it for the table."""
+copy of config/groups.yaml, a results folder as finished jobs leave it for the table, and a runs table as
+`trm aggregate` writes it."""
 
 from __future__ import annotations
 
@@ -9,14 +10,16 @@ import json
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
+from trm.analysis.aggregate import RUN_TABLE_COLUMNS
 from trm.analysis.judge import is_fraction
 from trm.config import EXPERIMENTS_DIR
 from trm.errors import UserError
 from trm.study.groups import GROUPS_PATH
-from trm.study.metrics import SUMMARY_METRICS, TEST_TIME_METRICS
+from trm.study.metrics import RUN_METRICS, SUMMARY_METRICS, TEST_TIME_METRICS
 from trm.study.status import merged_settings
 from trm.study.study import Study
 
@@ -139,3 +142,28 @@ def finished_runs(planned: Study, accuracy: dict[str, float], wall_s: dict[str, 
         benchmark.parent.mkdir(parents=True, exist_ok=True)
         benchmark.write_text(f"s\th:m:s\n{wall_s[run_id]}\t1:00:00\n")
     return results
+
+
+def runs_table(rows: pd.DataFrame, group: str = "g") -> pd.DataFrame:
+    """`rows` (one per run: its `id` and the metrics a test sets) as `trm aggregate` writes its runs table: with
+    each of RUN_TABLE_COLUMNS it lacks (group `group`, not a baseline, an id's rows its seeds 0, 1, ... of one
+    configuration, the id) and each of RUN_METRICS it lacks, not measured (empty)."""
+    table = rows.copy()
+    if "seed" not in table:
+        table["seed"] = table.groupby("id").cumcount()
+    made = {
+        "group": group,
+        "baseline": False,
+        "varied": table["id"],
+        "config_key": table["id"],
+        "config_hash": [f"{exp}-{seed}" for exp, seed in zip(table["id"], table["seed"], strict=True)],
+        "run": [
+            exp if seed == 0 else f"{exp}~s{seed}"
+            for exp, seed in zip(table["id"], table["seed"], strict=True)
+        ],
+        **dict.fromkeys(RUN_METRICS, float("nan")),
+    }
+    for column, values in made.items():
+        if column not in table:
+            table[column] = values
+    return table[[*RUN_TABLE_COLUMNS, *(c for c in table.columns if c not in RUN_TABLE_COLUMNS)]]

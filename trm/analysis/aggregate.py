@@ -40,6 +40,8 @@ if TYPE_CHECKING:  # pandas is imported where a table is made, so `trm aggregate
     import pandas as pd
 
 # `run` tells an experiment's seeds apart: EXP, or EXP~sK for its replicate k.
+# The runs table's columns before its metrics: which run a row is, and what its seeds are replicates of.
+RUN_TABLE_COLUMNS = ("id", "group", "baseline", "varied", "config_hash", "seed", "run", "config_key")
 TEST_TIME_COLUMNS = ("id", "run", "group", "baseline", *TEST_TIME_METRICS)
 CURVE_COLUMNS = ("id", "run", "group", *CURVE_METRICS)
 
@@ -177,8 +179,9 @@ def aggregate(
     )
 
 
-def read_table(path: str | Path, columns: tuple[str, ...] = ("id", "group")) -> pd.DataFrame:
-    """Read a CSV that `trm aggregate` wrote; a missing, malformed or foreign file is a UserError naming it."""
+def read_table(path: str | Path, columns: tuple[str, ...]) -> pd.DataFrame:
+    """Read a CSV that `trm aggregate` wrote, with `columns` among its own (RUN_TABLE_COLUMNS, CURVE_COLUMNS,
+    TEST_TIME_COLUMNS); a missing, malformed or foreign file, or one without them, is a UserError naming it."""
     import pandas as pd
 
     try:

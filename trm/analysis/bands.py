@@ -9,8 +9,7 @@ test-time curve the workflow's test_time_subset). The noise floor of a point is 
 of the reference configurations (every group's baseline, the reference runs) at the same epoch or step count,
 pooled as the table pools it (judge.noise_floors). Where no reference configuration has 2 seeds at that x (an epoch
 only a longer run reaches) the point has no floor, and its interval is the sampling interval alone, its source
-`sampling only`, as the table's would be. A table without `count` (written before it was recorded) has no
-sampling interval: the noise floor alone.
+`sampling only`, as the table's would be.
 """
 
 from __future__ import annotations
@@ -35,10 +34,8 @@ SAMPLED_UNITS = (FRACTION_OF_PUZZLES, FRACTION_OF_CELLS)
 BAND_COLUMNS = ("id", "n", "mean", "low", "high", "source")
 
 
-def _with_runs(points: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame | None:
-    """`points` with each run's RUN_COLUMNS from the runs table; None when either table lacks what it takes."""
-    if "run" not in points or not {"run", *RUN_COLUMNS} <= set(table.columns):
-        return None
+def _with_runs(points: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """`points` with each run's RUN_COLUMNS from the runs table (the test-time rows' own `baseline` replaced)."""
     runs = table.drop_duplicates("run").set_index("run")[list(RUN_COLUMNS)]
     return points.drop(columns=[c for c in RUN_COLUMNS if c in points]).join(runs, on="run")
 
@@ -47,17 +44,13 @@ def floors_by_x(points: pd.DataFrame, table: pd.DataFrame, x: str, y: str) -> di
     """The noise floor of y at each x: over the reference configurations' seeds measured at that x. `points`:
     every group's rows (each group's baseline measures it); `table`: the runs table, one row per run."""
     joined = _with_runs(points, table)
-    if joined is None:
-        return {}
     references = reference_ids(joined)
     return {value: noise_floors(rows, [y], references)[y] for value, rows in joined.groupby(x)}
 
 
-def _puzzles(rows: pd.DataFrame) -> int | None:
-    """The puzzles the point's evaluation scored (the fewest, should its runs differ); None where unrecorded."""
-    key = EVALUATED_PUZZLES.key
-    counts = [c for c in rows[key] if c == c and c > 0] if key in rows else []  # c == c: not NaN
-    return int(min(counts)) if counts else None
+def _puzzles(rows: pd.DataFrame) -> int:
+    """The puzzles the point's evaluation scored (the fewest, should its runs differ)."""
+    return int(rows[EVALUATED_PUZZLES.key].min())
 
 
 def point_summaries(

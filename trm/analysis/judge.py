@@ -80,9 +80,9 @@ def samples_by_configuration(
 
 def puzzle_sds(table, metric: str, id_column: str = "id") -> dict[str, float | None]:
     """Per experiment measured by one run, that run's per-puzzle sd of the metric (PUZZLE_SD_COLUMNS; None where
-    the table has no such column or the run did not record it); empty for any other metric."""
+    the run did not record it: fewer than 2 test puzzles); empty for any other metric."""
     column = PUZZLE_SD_COLUMNS.get(metric)
-    if column is None or column not in table:
+    if column is None:
         return {}
     measured = table[table[metric].notna()]
     sds = {}
@@ -100,11 +100,7 @@ def _floats(values) -> list[float]:
 def reference_ids(table) -> list[str]:
     """The experiments whose seeds measure the noise floor: every group's baseline and every reference run (rows
     of `trm aggregate`'s table with `baseline` true or group `reference`)."""
-    chosen = table["id"].isna()  # all False
-    if "baseline" in table:
-        chosen |= table["baseline"].fillna(False).astype(bool)
-    if "group" in table:
-        chosen |= table["group"] == REFERENCE_GROUP
+    chosen = table["baseline"].astype(bool) | (table["group"] == REFERENCE_GROUP)
     return list(dict.fromkeys(str(i) for i in table.loc[chosen, "id"]))
 
 

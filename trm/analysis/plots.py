@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trm import storage
-from trm.analysis.aggregate import read_table
+from trm.analysis.aggregate import CURVE_COLUMNS, RUN_TABLE_COLUMNS, TEST_TIME_COLUMNS, read_table
 from trm.analysis.bands import point_summaries
 from trm.analysis.uncertainty import SEEDS
 from trm.errors import UserError
@@ -67,7 +67,7 @@ def _metric(points: pd.DataFrame, y: str, ax) -> str:
     """`y`, or its cell accuracy when `y` is an exact accuracy that is 0 (or unmeasured) for every row; the
     panel's title then says so."""
     fallback = CELL_FALLBACK.get(y)
-    if fallback is None or fallback not in points or not (points[y].fillna(0) == 0).all():
+    if fallback is None or not (points[y].fillna(0) == 0).all():
         return y
     title = ax.get_title()
     ax.set_title(f"{title}\n{FALLBACK_TITLE}" if title else FALLBACK_TITLE, fontsize="medium")
@@ -135,17 +135,16 @@ def _panel(
     runs: pd.DataFrame,
     curves: pd.DataFrame,
     refs: pd.DataFrame,
-    table: pd.DataFrame | None = None,
+    table: pd.DataFrame,
 ) -> None:
     """One `plots:` entry of the group. `curves`: every group's (a curve point's noise floor pools every baseline);
-    `table`: every run of the table, for the runs' seeds and configurations (default: `runs` and `refs`)."""
+    `table`: every run of the table, for the runs' seeds and configurations."""
     x, y = plot["x"], plot["y"]
     ax.grid(alpha=0.3)
     if plot["kind"] == "curve":
         y = _metric(curves[curves["group"].isin([group["id"], REFERENCE_GROUP])], y, ax)
         ax.set_ylabel(label(y))
         ax.set_xlabel(label("epoch"))
-        table = _all_runs(runs, refs) if table is None else table
         _lines(ax, group, curves, table, refs, "epoch", CURVE_METRICS[y], star_baseline=False)
         return
     y = _metric(runs, y, ax)
@@ -153,7 +152,8 @@ def _panel(
     ax.set_xlabel(label(x))
     members = [m for m in group["members"] if m in set(runs["id"])]
     runs = runs[runs["id"].isin(members)].copy()
-    # One point per experiment at its mean (a table without summaries: its one run), every run beside it.
+    # One point per experiment at its mean, every run beside it; a value the table does not summarise (a config
+    # key, a metric it computes from the config: the same for every run of an experiment) at its first run's.
     points = runs.drop_duplicates("id").set_index("id").reindex(members).reset_index()
     for name in (x, y):
         if f"{name}_mean" in points:
@@ -222,7 +222,7 @@ def _intervals(ax, points: pd.DataFrame, x: str, y: str) -> None:
 
 
 def _test_time_panel(
-    ax, group: dict, test_time: pd.DataFrame, refs: pd.DataFrame, table: pd.DataFrame | None = None
+    ax, group: dict, test_time: pd.DataFrame, refs: pd.DataFrame, table: pd.DataFrame
 ) -> None:
     """Test exact accuracy after each evaluated number of supervision steps, one line per member with its band.
     `test_time`: every group's rows (the noise floor pools every baseline); `table`: every run, as for `_panel`."""
@@ -236,15 +236,8 @@ def _test_time_panel(
     steps = sorted(test_time.loc[shown, "steps"].unique())
     ax.set_xticks(steps, [str(k) for k in steps])
     ax.minorticks_off()
-    table = refs if table is None else table
     _lines(ax, group, test_time, table, refs, "steps", TEST_TIME_METRICS[y], star_baseline=True)
     _accuracy_span(ax)
-
-
-def _all_runs(runs: pd.DataFrame, refs: pd.DataFrame) -> pd.DataFrame:
-    import pandas as pd
-
-    return pd.concat([runs, refs])
 
 
 # A curve's band: its 95% interval, faint, so that 5-8 members' bands stay readable where they overlap.
@@ -294,7 +287,7 @@ def _lines(
         fill = {"facecolor": "none", "edgecolor": color, "hatch": "///"} if is_ref else {"color": color}
         shade = ax.fill_between(band[x], band["low"], band["high"], alpha=BAND_ALPHA, linewidth=0, **fill)
         shade.set_gid(f"band:{member}")
-        for run, seed in runs.groupby("run" if "run" in runs else "id"):
+        for run, seed in runs.groupby("run"):
             (line,) = ax.plot(*_sorted(seed, x, y), color=color, **SEED_STYLE)
             line.set_gid(f"run:{run}")
     handles, labels = ax.get_legend_handles_labels()
@@ -320,7 +313,7 @@ def _legend_text(
 ) -> str:
     """`exp01a (n=3)`; a single run says where its interval came from, `exp01b (n=1: noise floor + sampling)`;
     a reference run leads with its label, the baseline says it is one."""
-    n = runs["run"].nunique() if "run" in runs else int(band["n"].max())
+    n = runs["run"].nunique()
     sources = " / ".join(dict.fromkeys(band.loc[band["n"] < 2, "source"]))
     text = f"n={n}: {sources}" if n < 2 and sources else f"n={n}"
     ref = refs[refs["id"] == member]
@@ -379,8 +372,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    runs = read_table(f"{args.table}.csv")
-    curves = read_table(f"{args.table}-curves.csv")
-    test_time = read_table(f"{args.table}-test-time.csv")
+    runs = read_table(f"{args.table}.csv", RUN_TABLE_COLUMNS)
+    curves = read_table(f"{args.table}-curves.csv", CURVE_COLUMNS)
+    test_time = read_table(f"{args.table}-test-time.csv", TEST_TIME_COLUMNS)
     plot_group(args.group, runs, curves, test_time, args.groups, args.output)
     return 0

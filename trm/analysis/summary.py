@@ -49,12 +49,9 @@ def select_counts(evaluation: dict, counts: tuple[int, ...], source: str) -> lis
 
 def _pooled_variance(records: list[dict]) -> float | None:
     """Variance of the halt steps over all rows counted in `records` (train records with count, steps and
-    steps_variance); None when a record has none (the trainer resumed from sums without their squares) or no row
-    was counted."""
-    if not records or any(r["steps_variance"] is None for r in records):
-        return None
+    steps_variance); None when no row was counted."""
     count = sum(r["count"] for r in records)
-    if count <= 0:  # no row halted in these windows (short runs of few puzzles)
+    if count <= 0:  # no record, or no row halted in these windows (short runs of few puzzles)
         return None
     mean = sum(r["count"] * r["steps"] for r in records) / count
     second = sum(r["count"] * (r["steps_variance"] + r["steps"] ** 2) for r in records) / count

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trm import storage
-from trm.analysis.aggregate import read_table
+from trm.analysis.aggregate import RUN_TABLE_COLUMNS, read_table
 from trm.analysis.judge import (
     PUZZLE_SD_COLUMNS,
     judge_criterion,
@@ -54,19 +54,6 @@ SMOKE_NOTE = (
     "smoke scale: these runs are too short to test the hypothesis; the verdicts only show that the criteria "
     "are evaluated."
 )
-
-
-def with_run_columns(table: pd.DataFrame) -> pd.DataFrame:
-    """The table with the columns that tell runs apart (`config_hash`, `config_key`, `seed`), made up for a table without them
-    (a hand-made one): each id its own config, each of its rows its own seed."""
-    table = table.copy()
-    if "config_hash" not in table:
-        table["config_hash"] = table["id"].astype(str)
-    if "config_key" not in table:  # a table from before replicates: its configs, seeds and all
-        table["config_key"] = table["config_hash"]
-    if "seed" not in table:
-        table["seed"] = table.groupby("id").cumcount()
-    return table
 
 
 def evaluate_criterion(
@@ -162,14 +149,13 @@ def judge_groups(
     if scale not in SCALES:
         raise UserError(f"unknown scale {scale!r}: one of {', '.join(SCALES)}")
     metrics = sorted({c["metric"] for g in groups for c in g["criteria"]})
-    absent = sorted(({"id"} | set(metrics)) - set(table.columns))
+    # At the smoke scale a criterion may be judged on cell accuracy instead (judge.judged_metric).
+    metrics += sorted({CELL_FALLBACK[m] for m in metrics if m in CELL_FALLBACK} - set(metrics))
+    sds = [PUZZLE_SD_COLUMNS[m] for m in metrics if m in PUZZLE_SD_COLUMNS]
+    absent = [c for c in (*RUN_TABLE_COLUMNS, *metrics, *sds) if c not in table.columns]
     if absent:
         raise UserError(f"{source} has no column {', '.join(absent)} (is it `trm aggregate`'s table?)")
-    # At the smoke scale a criterion may be judged on cell accuracy instead (judge.judged_metric).
-    metrics += sorted({CELL_FALLBACK[m] for m in metrics if m in CELL_FALLBACK and CELL_FALLBACK[m] in table})
-    sds = [PUZZLE_SD_COLUMNS[m] for m in metrics if PUZZLE_SD_COLUMNS.get(m) in table]
     _check_numbers(table, metrics + sds, source)
-    table = with_run_columns(table)
     floors = noise_floors(table, metrics, reference_ids(table))
     return {
         "scale": scale,
@@ -299,7 +285,7 @@ def _select(groups: list[dict], table: pd.DataFrame, wanted: list[str], table_pa
         raise UserError(f"unknown group {', '.join(unknown)}: one of {', '.join(by_id)}")
     if wanted:
         return [by_id[g] for g in wanted]
-    present = set(table["id"]) if "id" in table.columns else set()
+    present = set(table["id"])
     selected = [g for g in groups if present & set(g["members"])]
     if not selected:
         raise UserError(f"{table_path}: no run of any group of the study")
@@ -323,7 +309,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    table = read_table(args.table, columns=("id",))
+    table = read_table(args.table, RUN_TABLE_COLUMNS)
     groups = _select(
         load_groups(args.groups, args.groups.parent / "experiments"), table, args.group, args.table
     )

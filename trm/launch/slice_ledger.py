@@ -60,7 +60,7 @@ def created(lock_dirs: Iterable[Path]) -> list[dict]:
 
 
 def delete_command(record: dict) -> str:
-    where = gcloud.Location(record["zone"], record.get("project"))
+    where = gcloud.Location(record["zone"], record["project"])
     return " ".join(gcloud.delete_queued_resource(record["name"], where))
 
 
@@ -73,7 +73,7 @@ def report_leftovers(lock_dirs: Iterable[Path], timeout_s: float, out=sys.stderr
     )
     left = []
     for record in created(lock_dirs):
-        where = gcloud.Location(record["zone"], record.get("project"))
+        where = gcloud.Location(record["zone"], record["project"])
         try:
             state = gcloud.describe(gcloud.describe_queued_resource(record["name"], where), retry).state
         except (UserError, gcloud.CloudUnavailable):  # gcloud missing, or no answer: say what we know

@@ -91,11 +91,8 @@ class Tally:
         }
 
     @classmethod
-    def from_record(cls, record: dict) -> Tally | None:
-        """The tally `to_record` saved; None for one saved without sums of squares (by an older version), whose
-        evaluation cannot be continued to the same figures: it starts again."""
-        if "squares" not in record:
-            return None
+    def from_record(cls, record: dict) -> Tally:
+        """The tally `to_record` saved."""
         return cls(record["counts"], record["batches"], record["count"], record["sums"], record["squares"])
 
 
@@ -153,11 +150,10 @@ class MetricsLog:
             storage.write_text(self.url, "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.records))
 
 
-def halt_step_moments(sums: dict[str, float], count: float) -> dict[str, float | None]:
-    """Mean and variance of the supervision steps at which the counted rows halted, from metric sums (the
-    variance is None for sums saved by a version without `steps_sq`, in a resumed run's first window)."""
+def halt_step_moments(sums: dict[str, float], count: float) -> dict[str, float]:
+    """Mean and variance of the supervision steps at which the counted rows halted, from metric sums."""
     mean = sums["steps"] / count
-    variance = max(sums["steps_sq"] / count - mean * mean, 0.0) if "steps_sq" in sums else None
+    variance = max(sums["steps_sq"] / count - mean * mean, 0.0)
     return {"steps": mean, "steps_variance": variance}
 
 
@@ -174,7 +170,9 @@ class MetricWindow:
 
     @classmethod
     def from_record(cls, record: dict) -> MetricWindow:
-        saved = record.get("metric_window") or {"steps": 0, "sums": None}
+        """The window a checkpoint's record saved; an empty one for the step-0 checkpoint of imported weights
+        (trm/train/weights.py write_run_dir), whose record holds none: no step was trained."""
+        saved = record.get("metric_window", {"steps": 0, "sums": None})
         return cls(saved["steps"], saved["sums"])
 
     def add(self, metrics: dict) -> None:

@@ -148,7 +148,7 @@ def _saved_tally(run_dir: str, key: dict) -> Tally:
     agree on where to continue (the stopped job's process 0 wrote it)."""
     url = layout.path(run_dir, layout.TEST_TIME_PROGRESS)
     saved = json.loads(storage.read_text(url)) if storage.exists(url) else {}
-    tally = (Tally.from_record(saved["tally"]) if saved.get("key") == key else None) or Tally(key["counts"])
+    tally = Tally.from_record(saved["tally"]) if saved.get("key") == key else Tally(key["counts"])
     distributed.check_hosts_agree(f"where the evaluation in {url} continues", f"batch {tally.batches}")
     return tally
 

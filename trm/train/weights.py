@@ -121,8 +121,7 @@ def load_weights(run_dir: str, seq_len: int | None = None) -> RunWeights:
         model_cfg=model_cfg,
         params=_like(params_like, restored[wanted[0]]),
         puzzle_emb=np.asarray(restored["puzzle_emb"]),
-        # float32 like a fresh model's; checkpoints written before it held float32 hold bfloat16 (exact).
-        buffers=jax.tree.map(lambda x: x.astype(np.float32), _like(buffers_like, restored["buffers"])),
+        buffers=_like(buffers_like, restored["buffers"]),
         step=int(step),
         source=wanted[0],
     )
