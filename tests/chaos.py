@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fake_tpu import node_pids, tpu_test_profile
-from workflow_support import copy_workflow
+from workflow_support import add_references, copy_workflow
 
 from trm import storage
 from trm.run import layout
@@ -72,12 +72,12 @@ def make_study(root: Path, storage_url: str, slices: tuple[str, ...], runs: int,
     """A study of `runs` runs of `experiment`, differing in their seed, in a new copy of the workflow at `root`."""
     copy_workflow(root)
     experiments = [f"chaos_{chr(ord('a') + n)}" for n in range(runs)]
-    for n, name in enumerate(experiments):
-        config = {**experiment, "train": {**experiment["train"], "seed": n}}
-        (root / "config" / "experiments" / f"{name}.yaml").write_text(json.dumps(config))
+    seeded = {
+        name: {**experiment, "train": {**experiment["train"], "seed": n}}
+        for n, name in enumerate(experiments)
+    }
+    add_references(root, seeded)
     groups = root / "config" / "groups.yaml"
-    references = "".join(f"  - id: {name}\n    label: {name}\n" for name in experiments)
-    groups.write_text(groups.read_text().replace("references:\n", "references:\n" + references, 1))
     profile = tpu_test_profile(
         root, storage_url, slices, root / "locks", tpu=tpu, experiments=experiments,
         test_time_steps={"smoke": TEST_TIME_STEPS, "paper": TEST_TIME_STEPS},
