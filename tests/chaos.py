@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fake_tpu import node_pids, tpu_test_profile
-from workflow_support import copy_workflow
+from workflow_support import add_references, copy_workflow
 
 from trm import storage
 from trm.run import layout
@@ -31,13 +31,14 @@ from trm.study.plan import plan_study
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 # One chaos experiment, as overrides of config/base.yaml (the smoke scale divides width and batch, sets the
-# epochs: trm/study/scale.py): hidden 8, batch 8 (two rows per device of 2 hosts x 2), 20 puzzles x 72 epochs / 8
-# = 180 steps, a checkpoint every 20.
+# epochs: trm/study/scale.py): hidden 8, one layer in float32 (the test suite's, and cheaper to compile), batch 8
+# (two rows per device of 2 hosts x 2), 20 puzzles x 72 epochs / 8 = 180 steps, a checkpoint every 20.
 EXPERIMENT = {
-    "arch": {"hidden_size": 128, "num_heads": 2, "H_cycles": 2, "L_cycles": 2, "halt_max_steps": 2},
+    "arch": {"hidden_size": 128, "num_heads": 2, "L_layers": 1, "H_cycles": 2, "L_cycles": 2, "halt_max_steps": 2,
+             "forward_dtype": "float32"},
     "data": {"num_aug": 20},
     "train": {"global_batch_size": 2048, "eval_steps": 2, "checkpoint_every_steps": 20},
-}
+}  # fmt: skip
 TEST_TIME_STEPS = [2, 4]
 # Table columns that measure time or speed: they differ between any two runs.
 TIMED_COLUMNS = ("examples_per_second", "step_time_s", "wall", "seconds", "elapsed", "_per_s", "hours")
@@ -71,12 +72,12 @@ def make_study(root: Path, storage_url: str, slices: tuple[str, ...], runs: int,
     """A study of `runs` runs of `experiment`, differing in their seed, in a new copy of the workflow at `root`."""
     copy_workflow(root)
     experiments = [f"chaos_{chr(ord('a') + n)}" for n in range(runs)]
-    for n, name in enumerate(experiments):
-        config = {**experiment, "train": {**experiment["train"], "seed": n}}
-        (root / "config" / "experiments" / f"{name}.yaml").write_text(json.dumps(config))
+    seeded = {
+        name: {**experiment, "train": {**experiment["train"], "seed": n}}
+        for n, name in enumerate(experiments)
+    }
+    add_references(root, seeded)
     groups = root / "config" / "groups.yaml"
-    references = "".join(f"  - id: {name}\n    label: {name}\n" for name in experiments)
-    groups.write_text(groups.read_text().replace("references:\n", "references:\n" + references, 1))
     profile = tpu_test_profile(
         root, storage_url, slices, root / "locks", tpu=tpu, experiments=experiments,
         test_time_steps={"smoke": TEST_TIME_STEPS, "paper": TEST_TIME_STEPS},

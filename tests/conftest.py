@@ -42,12 +42,19 @@ os.environ["GLIBC_TUNABLES"] = with_tunable(os.environ.get("GLIBC_TUNABLES", "")
 # to one worker, and starting with the longest ones lets the two workers finish at about the same time.
 LONGEST_MODULES = [
     "test_chaos.py",
-    "test_multihost.py",
-    "test_trainer.py",
-    "test_tpu_profile.py",
     "test_tpu_vm.py",
-    "test_interrupts.py",
     "test_workflow.py",
+    "test_lease.py",
+    "test_multihost.py",
+    "test_tpu_profile.py",
+    "test_trainer.py",
+    "test_interrupts.py",
+    "test_workflow_plan_checks.py",
+    "test_tpu_compile.py",
+    "test_model.py",
+    "test_tpu_cloud.py",
+    "test_evaluate.py",
+    "test_act.py",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

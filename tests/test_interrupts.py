@@ -1,8 +1,8 @@
 """Stopping a study (issue 27, item 5): signals to Snakemake stop each training job through its checkpoint within
 seconds, nothing outlives its launcher, the host logs keep every attempt, and a rerun resumes to the same result.
 
-Real Snakemake runs of one smoke experiment (30 steps) on a copy of the workflow; every process the test starts
-carries a marker in its environment, so /proc shows whether any of them still runs.
+Real Snakemake runs of one smoke experiment (30 steps, one layer in float32) on a copy of the workflow; every
+process the test starts carries a marker in its environment, so /proc shows whether any of them still runs.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from workflow_support import add_references, copy_workflow
 
 from trm.config import dump_config
-from trm.run import layout
+from trm.run import distributed, layout
 from trm.run.state import read_run
 from trm.study.plan import plan_study
 
@@ -30,12 +30,18 @@ pytestmark = [pytest.mark.workflow, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-EXPERIMENT = "exp04a_500"  # 10 smoke puzzles: 30 training steps
+# exp04a_500 (10 smoke puzzles: 30 training steps) with one layer in float32, as a reference of the study in its
+# copy: signals, checkpoints and resuming do not depend on the model's depth or dtype.
+EXPERIMENT = "interrupted"
+RUN = {"data": {"train_puzzles": 500}, "arch": {"L_layers": 1, "forward_dtype": "float32"}}
 MARKER = "TRM_TEST_MARKER"
-# The workflow's persistent XLA cache (workflow/rules/common.smk): the reference run compiles for every attempt.
-JAX_CACHE = {
+# The environment of the workflow's jobs (workflow/rules/common.smk): its persistent XLA cache (the reference run
+# compiles for every attempt) and one XLA CPU thread (trm.launch.local.one_thread_per_job), so that the reference
+# trains as the job does: the thread pool's width changes float results in the last bit.
+JOB_ENV = {
     "JAX_COMPILATION_CACHE_DIR": "results/.cache/jax",
     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    distributed.ENV_XLA_CPU_THREADS: "1",
 }
 STOPPED = re.compile(r"stopped by signal \d+ at step (\d+); checkpoint saved")
 
@@ -69,17 +75,15 @@ class Study:
 
 
 def _environment(marker: str) -> dict[str, str]:
-    return {**os.environ, **JAX_CACHE, MARKER: marker}
+    return {**os.environ, **JOB_ENV, MARKER: marker}
 
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory) -> Study:
-    root = tmp_path_factory.mktemp("interrupts") / "study"
-    root.mkdir()
-    shutil.copy(REPO / "Snakefile", root)
-    for folder in ("workflow", "config", "profiles"):
-        shutil.copytree(REPO / folder, root / folder)
-    experiment = plan_study("smoke", [EXPERIMENT])[0]
+    root = copy_workflow(tmp_path_factory.mktemp("interrupts") / "study")
+    add_references(root, {EXPERIMENT: RUN})
+    experiments, groups = root / "config" / "experiments", root / "config" / "groups.yaml"
+    experiment = plan_study("smoke", [EXPERIMENT], experiments_dir=experiments, groups_path=groups)[0]
     dataset = "p{train_puzzles}-a{num_aug}".format(**experiment.config["data"])
     stage = subprocess.run(
         Study(root, "", "", Path(), Path()).snakemake(f"results/smoke/staged/{dataset}.txt"),

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from tiny_run import TINY, set_flags
 
-from trm import storage
+from trm import gcs, storage
 from trm.config import BASE_CONFIG, config_hash, load_config
 from trm.errors import UserError
 from trm.gcs import StorageUnavailable
@@ -169,7 +169,6 @@ def test_a_stale_holder_is_taken_over_and_stops_when_it_wakes(storage_root):
     assert _record(run_dir)["job"] == taker.holder.job  # the loser released nothing of the new holder's
 
 
-@pytest.mark.slow
 def test_unusable_storage_is_one_line_naming_the_lease(tmp_path, monkeypatch, closed_gcs_endpoint):
     (tmp_path / "file").write_text("")
     with pytest.raises(
@@ -177,6 +176,8 @@ def test_unusable_storage_is_one_line_naming_the_lease(tmp_path, monkeypatch, cl
     ):
         _lease(str(tmp_path / "file" / "run"), []).acquire()
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", closed_gcs_endpoint)
+    # The lease retries a refused connection until its budget for transient failures runs out (15 s): 1 s here.
+    monkeypatch.setattr(gcs, "TRANSIENT_DELAYS_S", (1.0,))
     with pytest.raises(
         StorageUnavailable, match=r"^write gs://bucket/run/lease.json: Google Cloud Storage failed"
     ):

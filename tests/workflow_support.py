@@ -1,7 +1,7 @@
 """Helpers of the tests of the workflow and the study: its Study built from settings as Snakemake would (and the
 one-line refusal of bad settings), a copy of the workflow to edit and run, a dry run's cost estimates, an edited
-copy of config/groups.yaml, a results folder as finished jobs leave it for the table, and a runs table as
-`trm aggregate` writes it."""
+copy of config/groups.yaml, experiments of a test's own in a copy, a results folder as finished jobs leave it for
+the table, and a runs table as `trm aggregate` writes it."""
 
 from __future__ import annotations
 
@@ -80,6 +80,16 @@ def copy_workflow(root: Path) -> Path:
     for folder in ("workflow", "config", "profiles"):
         shutil.copytree(REPO / folder, root / folder)
     return root
+
+
+def add_references(root: Path, experiments: dict[str, dict]) -> None:
+    """Experiments of their own in the copy of the workflow at `root` ({id: overrides of config/base.yaml}), each
+    a reference of the study (in no group, so that no group's checks apply to it)."""
+    for name, config in experiments.items():
+        (root / "config" / "experiments" / f"{name}.yaml").write_text(json.dumps(config))
+    groups = root / "config" / "groups.yaml"
+    listed = "".join(f"  - id: {name}\n    label: {name}\n" for name in experiments)
+    groups.write_text(groups.read_text().replace("references:\n", "references:\n" + listed, 1))
 
 
 def estimates(output: str, part: str) -> dict[str, float]:
