@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from trm import storage
-from trm.analysis.summary import _pooled_variance, run_metrics
+from trm.analysis.summary import SUMMARY_KEYS, _pooled_variance, run_metrics
 from trm.cli import main as trm_main
 from trm.study.metrics import SUMMARY_METRICS, TEST_TIME_METRICS
 from trm.train.records import EVAL_STATS, best_evaluation
@@ -76,7 +76,7 @@ def test_a_finished_run_is_summarised_from_storage(storage_root, tmp_path):
     assert summarize(run, output, "32,16") == 0
     summary = json.loads(output.read_text())
     # What identifies the run and what it measured; not its config, whose copy outside the run dir is its job file.
-    assert sorted(summary) == sorted(["config_hash", "devices", *SUMMARY_METRICS, "curve", "test_time"])
+    assert sorted(summary) == sorted(SUMMARY_KEYS)
     assert (summary["config_hash"], summary["devices"]) == ("abc", 4)
     assert summary["test_exact_accuracy"] == 0.8 and summary["test_cell_accuracy"] == 0.9
     assert summary["test_cell_accuracy_puzzle_sd"] == 0.05

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trm import storage
+from trm.analysis.summary import SUMMARY_KEYS
 from trm.config import config_value
 from trm.errors import UserError
 from trm.launch.job import job_path, read_job
@@ -56,11 +57,7 @@ def _read_json(path: Path) -> dict:
 def _read_summary(path: Path) -> dict:
     """A run's summary; UserError naming the file and what it lacks when `trm summarize` did not write it so."""
     summary = _read_json(path)
-    missing = [
-        key
-        for key in ("config_hash", "devices", *SUMMARY_METRICS, "curve", "test_time")
-        if key not in summary
-    ]
+    missing = [key for key in SUMMARY_KEYS if key not in summary]
     if missing:
         raise UserError(
             f"{path}: not a run summary of this version (no {', '.join(missing)}): delete it and rerun the run's "

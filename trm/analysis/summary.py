@@ -29,8 +29,11 @@ import statistics
 from trm import storage
 from trm.errors import UserError
 from trm.run import layout
-from trm.study.metrics import TARGET_ACCURACY, TEST_TIME_METRICS
+from trm.study.metrics import SUMMARY_METRICS, TARGET_ACCURACY, TEST_TIME_METRICS
 from trm.train.records import parse_steps
+
+# The keys of a summary (what `summarize` returns): the table refuses a summary without one of them.
+SUMMARY_KEYS = ("config_hash", "devices", *SUMMARY_METRICS, "curve", "test_time")
 
 
 def select_counts(evaluation: dict, counts: tuple[int, ...], source: str) -> list[dict]:
