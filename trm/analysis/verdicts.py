@@ -11,7 +11,9 @@ the 95% interval of every difference it reads excludes the other outcome; `incon
 difference, its half-width and the seeds per point that would resolve it); `no signal` when its metric is the
 same for every run it reads; `not enough data` when a member it needs has no row or did not measure the metric
 (NaN). Single runs borrow the noise floor measured on the seeds of the baselines and reference runs, and
-accuracies their sampling interval over the test split's `--test-puzzles`. A group is not supported when any
+accuracies their sampling interval over the test split's `--test-puzzles`. Rows marked `floor_only` (a selection's
+table holds the study's reference set for the floor, trm/study/selection.py) measure the floor and are judged in
+no criterion. A group is not supported when any
 criterion is not, supported when all are, lacks data when any criterion does, has no signal when none of its
 criteria has any, and is inconclusive otherwise. Writes OUTPUT/verdicts.json and OUTPUT/verdicts.md (every group),
 OUTPUT/verdicts.rst (the summary table) and OUTPUT/<group>.rst (hypothesis, expected result and verdict: the HTML
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trm import storage
-from trm.analysis.aggregate import RUN_TABLE_COLUMNS, read_table
+from trm.analysis.aggregate import RUN_TABLE_COLUMNS, read_table, selected_runs
 from trm.analysis.judge import (
     PUZZLE_SD_COLUMNS,
     judge_criterion,
@@ -157,10 +159,11 @@ def judge_groups(
         raise UserError(f"{source} has no column {', '.join(absent)} (is it `trm aggregate`'s table?)")
     _check_numbers(table, metrics + sds, source)
     floors = noise_floors(table, metrics, reference_ids(table))
+    judged = selected_runs(table)
     return {
         "scale": scale,
         "note": SMOKE_NOTE if scale == "smoke" else "",
-        "groups": [evaluate_group(g, table, scale, floors, test_puzzles) for g in groups],
+        "groups": [evaluate_group(g, judged, scale, floors, test_puzzles) for g in groups],
     }
 
 
@@ -285,7 +288,7 @@ def _select(groups: list[dict], table: pd.DataFrame, wanted: list[str], table_pa
         raise UserError(f"unknown group {', '.join(unknown)}: one of {', '.join(by_id)}")
     if wanted:
         return [by_id[g] for g in wanted]
-    present = set(table["id"])
+    present = set(selected_runs(table)["id"])
     selected = [g for g in groups if present & set(g["members"])]
     if not selected:
         raise UserError(f"{table_path}: no run of any group of the study")
