@@ -98,10 +98,10 @@ def test_a_local_plan_estimates_from_the_steps_this_machine_measured(tmp_path):
     batch = planned.plan["exp06_a"].config["train"]["global_batch_size"]
     per_step = flops / training_steps(planned.plan["exp06_a"].config) / batch
     assert abs(per_step / table.loc["exp06_c", "train_flops_per_example_step"] - 1) < 0.2  # a similar model
-    # What a job spends outside its steps and evaluations: the median over the measured runs.
+    # What a job spends outside its steps and evaluations: the mean over the measured runs.
     training = table["steps"] * STEP_S
     evaluation = (table["run_flops"] - table["steps"] * rates * STEP_S) / rates
-    start_up = statistics.median(WALL_S - training - evaluation)
+    start_up = statistics.fmean(WALL_S - training - evaluation)
     assert 0 < start_up < WALL_S and abs(costs.hours["exp06_a"]["start-up"] * 3600 - start_up) < 1e-6
     lines = costs.summary().splitlines()
     assert lines[0].startswith(
@@ -117,7 +117,7 @@ def test_a_local_plan_estimates_from_the_steps_this_machine_measured(tmp_path):
         measured,
     )
     assert figures and float(figures[1]) == float(f"{2 * WALL_S / 3600:.3g}")
-    # Their own step times, and the median of two start-ups is their mean: the two runs' wall time, exactly.
+    # Their own step times and the mean start-up: the two runs' wall time, exactly.
     assert float(figures[3]) == 1.0
     # Nothing measured in another results folder: the FLOPs at the assumed utilization, as the plan says.
     assert study(tmp_path / "fresh", {"experiments": ["exp06_a"]}).costs.source["exp06_a"] == ASSUMED

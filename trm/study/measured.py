@@ -2,20 +2,20 @@
 
 The local plan (trm/study/costs.py) estimates a run's hours from the runs this results folder has measured, as the
 TPU plan does from compiled steps: the results tables of the scale (RESULTS/table.csv and every selection's,
-RESULTS/selections/*/table.csv; the newest row of each run) give each finished run's training step time
-(`step_time_s`, the median over its train records), its training FLOP rate, its wall time, and, by difference, the
-time of the job outside its training steps and evaluations (start-up, imports, compilation, checkpoints). A run is
-then estimated as
+RESULTS/selections/*/table.csv) give each finished run's training step time (`step_time_s`, the median over its
+train records), its training FLOP rate, its wall time, and, by difference, the time of the job outside its training
+steps and evaluations (start-up, imports, compilation, checkpoints). A run is then estimated as
 
-    training:    its steps x the median step time of the measured runs of its step's shape (trm/launch/accelerators.py
-                 step_config and the job's devices), else its training FLOPs at the median measured FLOP rate per
-                 device
+    training:    its steps x the median step time of the measured runs of its step's shape
+                 (trm/launch/accelerators.py step_config, and the job's devices), else its training FLOPs at the
+                 median measured FLOP rate per device
     evaluation:  its evaluation FLOPs at the FLOP rate of those same runs
-    start-up:    the median measured time outside steps and evaluations, per job
+    start-up:    the mean measured time outside steps and evaluations, per job (the mean: the estimate of the
+                 measured runs themselves then adds up to their measured time, where their steps are their own)
 
-Without a measured run, the plan falls back to the FLOPs at the assumed utilization and says so. Everything read is a
-local file (tables, job files, summaries; a run dir's _SUCCESS only where storage is local), so planning imports no
-JAX and reads no bucket.
+Without a measured run, the plan falls back to the FLOPs at the assumed utilization and says so. Everything read
+is a local file (tables, job files, summaries; a run dir's _SUCCESS only where storage is local), so planning
+imports no JAX and reads no bucket.
 """
 
 from __future__ import annotations
@@ -123,8 +123,8 @@ def _rows(path: str) -> list[dict]:
 
 
 class Measurements:
-    """The runs measured in a scale's results folder (`runs`: by config hash, the newest table's row of each) and
-    the last table (`last`: its path and its runs' hashes), with the estimate they give."""
+    """The runs measured in a scale's results folder (`runs`: by config hash, the row of the job that trained it,
+    the longest) and the last table (`last`: its path and its runs' hashes), with the estimate they give."""
 
     def __init__(self, results: str) -> None:
         self.runs: dict[str, Measured] = {}
@@ -132,8 +132,9 @@ class Measurements:
         self.last: tuple[str, list[str]] | None = None
         for path in found:
             measured = [m for row in _rows(path) if (m := _measure(row, results))]
-            for m in measured:
-                self.runs.setdefault(m.config_hash, m)
+            for m in measured:  # a job that only collected a run shared with another took less
+                if m.config_hash not in self.runs or m.wall_s > self.runs[m.config_hash].wall_s:
+                    self.runs[m.config_hash] = m
             if self.last is None and measured:
                 self.last = (path, list(dict.fromkeys(m.config_hash for m in measured)))
         by_key: dict[str, list[Measured]] = {}
@@ -146,7 +147,7 @@ class Measurements:
             m.wall_s - m.steps * m.step_s - m.evaluation_flops / (m.rate * m.devices)
             for m in self.runs.values()
         ]
-        self.start_up_s = max(statistics.median(outside), 0.0) if outside else 0.0
+        self.start_up_s = max(statistics.fmean(outside), 0.0) if outside else 0.0
 
     def __bool__(self) -> bool:
         return bool(self.runs)
