@@ -1,6 +1,6 @@
 """The local plan's estimate (trm/study/costs.py, measured.py): the runs left to train only, at the step times and
 FLOP rate this machine measured (the results tables), with the start-up each job measured beside its steps, and
-its ratio to the last table's measured wall time; parsing reads local files only and imports no JAX."""
+its ratio to the last table's measured wall time; planning reads local files only and imports no JAX."""
 
 from __future__ import annotations
 
@@ -21,6 +21,14 @@ from trm.study.groups import GROUPS_PATH
 
 ONE_SEED = {"replicates": {"smoke": {"baseline": 1}}}
 STEP_S, WALL_S = 0.25, 200.0  # the measured runs' step time and job wall time
+# Builds a Study from settings read on stdin, then prints the heavy libraries it imported.
+PROBE = """
+import json, sys
+from trm.study.study import Study
+settings = json.loads(sys.stdin.read())
+Study(settings, lambda key: "config/config.yaml", "workflow/schemas/config.schema.yaml")
+print(json.dumps(sorted({m.split(".")[0] for m in sys.modules} & {"jax", "pandas", "gcsfs", "matplotlib"})))
+"""
 
 
 def _measured_study(tmp_path: Path) -> pd.DataFrame:
@@ -119,23 +127,7 @@ def test_a_local_plan_estimates_from_the_steps_this_machine_measured(tmp_path):
     assert figures and float(figures[1]) == float(f"{2 * WALL_S / 3600:.3g}")
     # Their own step times and the mean start-up: the two runs' wall time, exactly.
     assert float(figures[3]) == 1.0
-    # Nothing measured in another results folder: the FLOPs at the assumed utilization, as the plan says.
-    assert study(tmp_path / "fresh", {"experiments": ["exp06_a"]}).costs.source["exp06_a"] == ASSUMED
-
-
-PROBE = """
-import json, sys
-from trm.study.study import Study
-settings = json.loads(sys.stdin.read())
-Study(settings, lambda key: "config/config.yaml", "workflow/schemas/config.schema.yaml")
-print(json.dumps(sorted({m.split(".")[0] for m in sys.modules} & {"jax", "pandas", "gcsfs", "matplotlib"})))
-"""
-
-
-def test_planning_with_measurements_imports_no_jax_nor_pandas(tmp_path):
-    _measured_study(tmp_path)
-    planned = study(tmp_path, {"experiments": ["exp04a_100"], **ONE_SEED})  # its model costs cached
-    assert planned.costs.source["exp04a_100"] == SAME_STEP
+    # Planning from these measurements (the model costs cached) imports neither JAX nor pandas.
     done = subprocess.run(
         [sys.executable, "-c", PROBE],
         input=json.dumps(planned.config),
@@ -146,3 +138,5 @@ def test_planning_with_measurements_imports_no_jax_nor_pandas(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == []
+    # Nothing measured in another results folder: the FLOPs at the assumed utilization, as the plan says.
+    assert study(tmp_path / "fresh", {"experiments": ["exp06_a"]}).costs.source["exp06_a"] == ASSUMED
