@@ -212,9 +212,8 @@ class Study:
         if all(exp_id in self.plan for exp_id in wanted):
             return {}
         planned = {exp.hash for exp in self.plan.values()}
-        runs = plan_study(
-            self.scale, wanted, "all", self.experiments_dir, self.groups_path, "workflow config"
-        )
+        where = (self.experiments_dir, self.groups_path, "workflow config")
+        runs = plan_study(self.scale, wanted, "all", *where, checked=True)  # the selection's plan checked it
         runs = list(self._with_replicates(runs, table).values())
         seeds: dict[str, set[int]] = {}
         for run in runs:
