@@ -25,7 +25,8 @@ rule aggregate:
         trm=TRM,
         ids=[exp for exp in PLAN if exp not in study.floor_only],
         floor_only=["--floor-only", *study.floor_only] if study.floor_only else [],
-        results=RESULTS,
+        # The per-run files' folder (RESULTS), where the summaries and job files are.
+        results=lambda wildcards, input: os.path.dirname(os.path.dirname(input.jobs[0])),
         table=lambda wildcards, output: output.csv.removesuffix(".csv"),
         accelerator=[
             *("--peak-flops", config["accelerator"]["peak_flops"]),
