@@ -1,5 +1,6 @@
-"""Boards other than 9x9 through the commands (`trm smoke-pool`, `trm build-dataset`, `trm dataset-info`, `trm
-train`), and 9x9 outputs byte-identical to those of the code before other boards existed."""
+"""Boards other than 9x9 through the commands (`trm smoke-pool`, `trm build-dataset`, `trm dataset-info`; `trm
+train` learns a 6x6 board in tests/test_trainer.py), and 9x9 outputs byte-identical to those of the code before
+other boards existed."""
 
 from __future__ import annotations
 
@@ -8,10 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny_run import TRAINED, set_flags, stage
 
 from trm.cli import main as trm
-from trm.config import BASE_CONFIG
 from trm.data import format as fmt
 from trm.data.board import Board
 from trm.data.sudoku import consistent, read_csv, valid_solutions
@@ -110,22 +109,3 @@ def test_boards_that_do_not_fit_are_refused_in_one_line(tmp_path, capsys, comman
     errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert len(errors) == 1 and errors[0].startswith(f"trm {command[0]}: error: {message.format(**names)}")
     assert not out.exists()
-
-
-@pytest.mark.slow
-def test_trm_train_trains_on_a_6x6_dataset(tmp_path):
-    pool, built = tmp_path / "pool", tmp_path / "built"
-    assert trm(["smoke-pool", "--board", "6x6", "--train", "16", "--test", "4", "--blanks", "6", "--output-dir", str(pool)]) == 0  # fmt: skip
-    assert trm(["build-dataset", "--source", str(pool), "--num-aug", "3", "--output-dir", str(built)]) == 0
-    data = stage(built, f"file://{tmp_path / 'staged'}")
-    run = tmp_path / "run"
-    # 16 groups of 4 x 2 epochs / 8 = 4 steps, then the final evaluation of the 4 test puzzles.
-    flags = set_flags({**TRAINED, "train.epochs": 2, "train.eval_interval": 2})
-    args = ["train", "--config", str(BASE_CONFIG), "--data", data, "--run-dir", str(run)]
-    assert trm([*args, "--cache-dir", str(tmp_path / "cache"), *flags]) == 0
-    final = json.loads((run / "final.json").read_text())
-    assert final["steps"] == 4 and final["test"]["count"] == 4
-    from trm.train.weights import load_weights  # imports JAX
-
-    model = load_weights(str(run)).model_cfg
-    assert (model.seq_len, model.vocab_size) == (36, 8)
