@@ -185,7 +185,7 @@ def main(args: argparse.Namespace) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     print(
-        f"wrote {output}: {train.board}, train {len(train_inputs)} examples ({len(train)} puzzles x {1 + args.num_aug}), "
-        f"test {len(test)} examples; manifest {record.hash[:16]} ({len(record.entries)} files)"
+        f"wrote {output}: {train.board}, train {len(train_inputs)} examples ({len(train)} puzzles x "
+        f"{1 + args.num_aug}), test {len(test)} examples; manifest {record.hash[:16]} ({len(record.entries)} files)"
     )
     return 0
