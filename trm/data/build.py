@@ -1,9 +1,15 @@
-"""Build the Sudoku-Extreme dataset: train and test .npy files in the original TRM layout.
+"""Build a Sudoku dataset (Sudoku-Extreme by default): train and test .npy files in the original TRM layout.
 
 Steps: read and validate the puzzles of --source; keep those with rating >= --min-difficulty (both
 splits); subsample the train split (--subsample-size) and the test split (--test-subsample-size);
 expand every train puzzle into a group of itself plus --num-aug random symmetries (digit relabelling,
-transpose, band/row and stack/column shuffles); write tokens (1 = blank, 2..10 = digits) as uint8.
+transpose on square boxes, band/row and stack/column shuffles); write tokens (1 = blank, 2..n+1 = digits) as
+uint8.
+
+Boards (--board NxN: 4x4, 6x6, 8x8 or 9x9; trm/data/board.py): a CSV's puzzles are of the board whose cell count
+is its first question's length (16, 36, 64 or 81), or of --board when given, and every row must match it;
+generate:N makes puzzles of --board (default 9x9). The dataset's seq_len (n * n) and vocab_size (n + 2) say its
+board, so dataset.json has no field for it, and a 9x9 build is the same as before other boards existed.
 
 Sources (--source):
   FILE.csv[.gz]    a CSV with columns source,question,answer,rating. Split by the seed into test (20%,
@@ -39,6 +45,7 @@ from trm import storage
 from trm.data import format as fmt
 from trm.data import sources
 from trm.data.augment import augment
+from trm.data.board import Board, parse_board
 from trm.data.manifest import Manifest, write_build_record
 from trm.data.sudoku import MISSING_RATING, Puzzles
 from trm.errors import UserError
@@ -54,6 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="FILE, DIR, hf:OWNER/REPO or generate:N (see above)",
     )
     parser.add_argument("--test-source", default=None, help="a CSV file to use, whole, as the test split")
+    parser.add_argument(
+        "--board",
+        default=None,
+        help="NxN: 4x4, 6x6, 8x8 or 9x9 (default: a CSV's first puzzle's size; 9x9 for generate:N)",
+    )
     parser.add_argument(
         "--output-dir",
         default="data/sudoku-extreme-full",
@@ -109,10 +121,12 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UserError(f"--output-dir {output} already exists (pass --force to replace it)")
 
 
-def _write(tmp: Path, splits: dict[str, tuple[np.ndarray, np.ndarray, int]], provenance: dict) -> Manifest:
+def _write(
+    tmp: Path, splits: dict[str, tuple[np.ndarray, np.ndarray, int]], board: Board, provenance: dict
+) -> Manifest:
     for split, (inputs, labels, group_size) in splits.items():
         fmt.write_split_arrays(tmp, split, inputs, labels, group_size)
-        metadata = fmt.sudoku_metadata(len(inputs) // group_size) | provenance
+        metadata = fmt.sudoku_metadata(len(inputs) // group_size, board) | provenance
         fmt.write_json(tmp / split / "dataset.json", metadata)
     fmt.write_json(tmp / "identifiers.json", fmt.IDENTIFIERS)
     return write_build_record(tmp)  # last: it covers every file above
@@ -131,7 +145,8 @@ def _replace_dir(tmp: Path, output: Path) -> None:
 
 def main(args: argparse.Namespace) -> int:
     _check_args(args)
-    train, test = sources.resolve(args.source, args.seed, args.test_source)
+    board = None if args.board is None else parse_board(args.board)
+    train, test = sources.resolve(args.source, args.seed, args.test_source, board)
     if args.min_difficulty is not None:
         train = _filter_difficulty(train, args.min_difficulty, "train")
         test = _filter_difficulty(test, args.min_difficulty, "test")
@@ -139,7 +154,7 @@ def main(args: argparse.Namespace) -> int:
     test = subsample(test, args.test_subsample_size, args.seed, _TEST_SUBSAMPLE_STREAM, "test")
 
     train_inputs, train_labels = augment(train.questions, train.answers, args.num_aug, args.seed)
-    # Tokens: +1 so that 0 is padding (inputs 1 = blank, 2..10 = digits; labels 2..10).
+    # Tokens: +1 so that 0 is padding (inputs 1 = blank, 2..n+1 = digits; labels 2..n+1).
     for grids in (train_inputs, train_labels):
         np.add(grids, 1, out=grids)
     splits = {
@@ -164,13 +179,13 @@ def main(args: argparse.Namespace) -> int:
     try:
         with storage.write_errors(str(output)):
             tmp.chmod(0o755)  # mkdtemp makes it private; the dataset is an ordinary folder
-            record = _write(tmp, splits, provenance)
+            record = _write(tmp, splits, train.board, provenance)
             _replace_dir(tmp, output)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     print(
-        f"wrote {output}: train {len(train_inputs)} examples ({len(train)} puzzles x {1 + args.num_aug}), "
-        f"test {len(test)} examples; manifest {record.hash[:16]} ({len(record.entries)} files)"
+        f"wrote {output}: {train.board}, train {len(train_inputs)} examples ({len(train)} puzzles x "
+        f"{1 + args.num_aug}), test {len(test)} examples; manifest {record.hash[:16]} ({len(record.entries)} files)"
     )
     return 0
