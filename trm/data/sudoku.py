@@ -20,10 +20,13 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from trm.data.board import Board
+from trm.data.board import SUDOKU, Board
 from trm.errors import UserError
 
 MISSING_RATING = -1
+# The paper's 9x9 board's cells: the default puzzle length of the model commands' --seq-len (trm/model/config.py,
+# kept byte-for-byte, since trm/model/ is part of the compiled steps' hash: trm/launch/accelerators.py).
+NUM_CELLS = SUDOKU.cells
 
 _INVALID = 255
 

@@ -7,7 +7,7 @@ import dataclasses
 import math
 from typing import Any
 
-from trm.data.board import SUDOKU
+from trm.data.sudoku import NUM_CELLS
 from trm.errors import UserError
 
 DTYPES = ("float32", "bfloat16", "float16")  # forward_dtype names, each a jax.numpy dtype
@@ -86,10 +86,7 @@ DEFAULT_EXPORT_PREFIX = "_orig_mod.model."
 
 
 def add_seq_len_argument(parser: argparse.ArgumentParser, when: str) -> None:
-    """`--seq-len`: the puzzle length of the data, a 9x9 Sudoku's by default, needed `when`."""
+    """`--seq-len`: the puzzle length of the data, Sudoku's by default, needed `when`."""
     parser.add_argument(
-        "--seq-len",
-        type=int,
-        default=SUDOKU.cells,
-        help=f"puzzle length, {when} (default %(default)s, 9x9 Sudoku; 36 for 6x6, 16 for 4x4)",
+        "--seq-len", type=int, default=NUM_CELLS, help=f"puzzle length, {when} (default %(default)s, Sudoku)"
     )

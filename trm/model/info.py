@@ -1,8 +1,8 @@
 """Print the parameter count and FLOPs of a model configuration (analytic; builds no model).
 
 The `arch:` section of the run config (--config over config/base.yaml, then --set overrides such as
-`--set arch.hidden_size=256`) defines the model. Dataset sizes are those of --board's datasets (default 9x9,
-Sudoku-Extreme's: vocab 11, 81 cells, 1 puzzle identifier; 6x6: vocab 8, 36 cells), unless given one by one. FLOPs follow trm/model/flops.py: a training step is the forward of all
+`--set arch.hidden_size=256`) defines the model. Dataset sizes default to Sudoku-Extreme's (vocab 11,
+81 cells, 1 puzzle identifier). FLOPs follow trm/model/flops.py: a training step is the forward of all
 recursions plus the backward of the last one; an evaluation step is forward only.
 """
 
@@ -11,18 +11,15 @@ from __future__ import annotations
 import argparse
 
 from trm.config import add_config_arguments, resolve_config_arguments
-from trm.data.board import parse_board
 from trm.data.format import sudoku_metadata
 from trm.model.config import DATASET_FIELDS, ModelConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, required=False)
-    parser.add_argument(
-        "--board", default="9x9", help="the board of the data: 4x4, 6x6, 8x8 or 9x9 (default 9x9)"
-    )
+    sudoku = sudoku_metadata(1)
     for field in DATASET_FIELDS:
-        parser.add_argument(f"--{field.replace('_', '-')}", type=int, default=None, help="default: --board's")
+        parser.add_argument(f"--{field.replace('_', '-')}", type=int, default=sudoku[field])
     parser.add_argument(
         "--eval-steps",
         type=int,
@@ -35,9 +32,7 @@ def main(args: argparse.Namespace) -> int:
     from trm.model.flops import count_params, flops_per_example_step, forward_flops_per_example_step
 
     config = resolve_config_arguments(args)
-    sizes = sudoku_metadata(1, parse_board(args.board))
-    given = {field: getattr(args, field) for field in DATASET_FIELDS if getattr(args, field) is not None}
-    cfg = ModelConfig.from_dict(config["arch"], sizes | given)
+    cfg = ModelConfig.from_dict(config["arch"], {field: getattr(args, field) for field in DATASET_FIELDS})
     eval_steps = config["train"]["eval_steps"] if args.eval_steps is None else args.eval_steps
     train_flops = flops_per_example_step(cfg)
     eval_flops = forward_flops_per_example_step(cfg)
