@@ -49,7 +49,8 @@ def finished_run(root: str, counts: tuple[int, ...] = (16, 32), success: bool = 
     ]
     records.append(evals[1])
     final = {"config_hash": "abc", "devices": 4, "steps": 400, "epochs": 40.0, "test": evals[-1],
-             "best_test": best_evaluation(records)}  # fmt: skip
+             "best_test": best_evaluation(records), "params_sha256": "p" * 64, "ema_sha256": "e" * 64,
+             "wall_time_s": 60.5}  # fmt: skip
     # A newer trainer may add fields (e.g. the subset evaluated): the summary ignores what it does not read.
     evaluation = {"checkpoint_step": 400, "weights": "ema", "subset": None,
                   "results": [_result(k, 0.8 - k / 1000) for k in counts]}  # fmt: skip
@@ -168,3 +169,21 @@ def test_best_evaluation_is_the_highest_and_the_latest_among_equals():
     assert best_evaluation(records) == {k: v for k, v in records[-1].items() if k not in ("kind", "split")}
     assert best_evaluation(records[:4])["step"] == 200
     assert best_evaluation([{"kind": "train", "step": 1}]) is None
+
+
+def test_a_runs_wall_time_is_its_own_whichever_job_collects_it(tmp_path):
+    """A job that only collects a finished run (another controller trained it, or a rerun after a full disk) takes
+    a second; the summary reports the run's own wall time over all its attempts (final.json), and for a run
+    finished by a trainer that did not record it there, status.json's elapsed time."""
+    run = finished_run(str(tmp_path / "storage"))
+    assert summarize(run, tmp_path / "a.json") == 0
+    assert json.loads((tmp_path / "a.json").read_text())["wall_time_s"] == 60.5
+    final = json.loads(storage.read_text(storage.join(run, "final.json")))
+    del final["wall_time_s"]
+    storage.write_text(storage.join(run, "final.json"), json.dumps(final))
+    storage.write_text(storage.join(run, "status.json"), json.dumps({"state": "finished", "elapsed_s": 58.0}))
+    assert summarize(run, tmp_path / "b.json") == 0
+    assert json.loads((tmp_path / "b.json").read_text())["wall_time_s"] == 58.0
+    storage.write_text(storage.join(run, "status.json"), "{")  # damaged: not measured
+    assert summarize(run, tmp_path / "c.json") == 0
+    assert json.loads((tmp_path / "c.json").read_text())["wall_time_s"] is None

@@ -124,7 +124,7 @@ def groups_file(tmp_path: Path, old: str, new: str) -> Path:
     return path
 
 
-def _summary(config_hash: str, accuracy: float) -> dict:
+def _summary(config_hash: str, accuracy: float, wall_s: float) -> dict:
     """A summary as `trm summarize` writes it: the run's config hash and results (its config is its job file's)."""
     # Distinct values; a fraction stays one.
     metrics = {key: float(n) / (100 if is_fraction(key) else 1) for n, key in enumerate(SUMMARY_METRICS)}
@@ -132,6 +132,7 @@ def _summary(config_hash: str, accuracy: float) -> dict:
         "config_hash": config_hash,
         "devices": 2,
         **metrics,
+        "wall_time_s": wall_s,
         "test_exact_accuracy": accuracy,
         "epochs_to_85pct": None,  # never reached: not measured
         "curve": [{"epoch": 1.0, "count": 32, "test_exact_accuracy": accuracy, "test_cell_accuracy": 0.5}],
@@ -141,16 +142,13 @@ def _summary(config_hash: str, accuracy: float) -> dict:
 
 def finished_runs(planned: Study, accuracy: dict[str, float], wall_s: dict[str, float]) -> Path:
     """The study's results folder as its jobs leave it for the table: each run's job file (written at parse time,
-    `Study.write_jobs`), and per run id its summary and its training job's benchmark."""
+    `Study.write_jobs`), and per run id its summary (`wall_s`: its run's wall time)."""
     planned.write_jobs()
     results = Path(planned.results)
     for run_id, value in accuracy.items():
         path = results / "runs" / f"{run_id}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(_summary(planned.plan[run_id].hash, value)))
-        benchmark = results / "benchmarks" / "train" / f"{run_id}.tsv"
-        benchmark.parent.mkdir(parents=True, exist_ok=True)
-        benchmark.write_text(f"s\th:m:s\n{wall_s[run_id]}\t1:00:00\n")
+        path.write_text(json.dumps(_summary(planned.plan[run_id].hash, value, wall_s[run_id])))
     return results
 
 

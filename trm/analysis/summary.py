@@ -15,7 +15,8 @@ figures are its best evaluation (final.json `best_test`), usually on a subset. T
 metrics.jsonl: mean halt steps, train exact accuracy and the halt-step variance are taken over the rows (training
 examples that halted) that the train records of the last evaluation interval counted, each record weighted by its
 count (a record that counted none adds nothing); throughput is the median over train records after the first
-(which includes compilation). `curve` is the test accuracy of each evaluation
+(which includes compilation). The wall time is the run's over all its attempts (final.json, which the trainer
+keeps from status.json), not that of the job that collected it. `curve` is the test accuracy of each evaluation
 during training; `test_time` the final evaluation (test_time.json, from the checkpoint the run finished with) at
 each --test-time-steps count.
 """
@@ -76,8 +77,9 @@ def _pooled_variance(records: list[dict]) -> float | None:
     return max(second - mean * mean, 0.0)
 
 
-def run_metrics(config: dict, records: list[dict], final: dict) -> dict:
-    """The metrics of SUMMARY_METRICS of one run, from its config, metrics.jsonl records and final.json."""
+def run_metrics(config: dict, records: list[dict], final: dict, status: dict | None = None) -> dict:
+    """The metrics of SUMMARY_METRICS of one run, from its config, metrics.jsonl records and final.json; the wall
+    time of a run finished by a trainer that did not record it in final.json from its status.json (`status`)."""
     train = [r for r in records if r["kind"] == "train"]
     evals = [r for r in records if r["kind"] == "eval"]
     interval = config["train"]["eval_interval"]
@@ -105,6 +107,8 @@ def run_metrics(config: dict, records: list[dict], final: dict) -> dict:
         "epochs_to_85pct": min(reached) if reached else None,
         "steps": final["steps"],
         "epochs": final["epochs"],
+        # Every attempt's, from the run's own records: not the time of whichever job collected it.
+        "wall_time_s": final["wall_time_s"] if "wall_time_s" in final else (status or {}).get("elapsed_s"),
     }
 
 
@@ -113,6 +117,16 @@ def _read(run_dir: str, name: str) -> str:
     if not storage.exists(url):
         raise UserError(f"{url}: missing from a finished run (the trainer writes it before _SUCCESS)")
     return storage.read_text(url)
+
+
+def _status(run_dir: str) -> dict | None:
+    """status.json, where a trainer older than final.json's wall_time_s kept the run's elapsed time (None when
+    absent or unreadable: the wall time is then not measured)."""
+    try:
+        status = json.loads(storage.read_text(layout.path(run_dir, layout.STATUS)))
+    except (FileNotFoundError, ValueError, UnicodeDecodeError):
+        return None
+    return status if isinstance(status, dict) else None
 
 
 def summarize(run_dir: str, test_time_steps: tuple[int, ...]) -> dict:
@@ -125,6 +139,7 @@ def summarize(run_dir: str, test_time_steps: tuple[int, ...]) -> dict:
     config = json.loads(_read(run_dir, layout.CONFIG))
     records = [json.loads(line) for line in _read(run_dir, layout.METRICS).splitlines() if line.strip()]
     final = json.loads(_read(run_dir, layout.FINAL))
+    status = None if "wall_time_s" in final else _status(run_dir)
     evaluation = json.loads(_read(run_dir, layout.TEST_TIME))
     source = layout.path(run_dir, layout.TEST_TIME)
     if evaluation["checkpoint_step"] != final["steps"]:
@@ -136,7 +151,7 @@ def summarize(run_dir: str, test_time_steps: tuple[int, ...]) -> dict:
     return {
         "config_hash": final["config_hash"],
         "devices": final["devices"],  # of the job that trained it (launch.per_experiment may differ)
-        **run_metrics(config, records, final),
+        **run_metrics(config, records, final, status),
         "curve": [
             {
                 "epoch": r["epoch"],

@@ -98,6 +98,7 @@ class Trainer:
         self.status = TrainerStatus(
             run_dir,
             self.is_writer,
+            attempt_start=self.timings.created,  # the command's start: its set-up is the run's time too
             config_hash=self.config_hash,
             total_steps=self.total_steps,
             total_epochs=self.batches.epoch_at(self.total_steps),
@@ -197,6 +198,7 @@ class Trainer:
             "hosts_params_sha256": host_params,
             "hosts_ema_sha256": host_ema,
             "compilations": self.train_step.compilations,
+            "wall_time_s": self.status.elapsed(),  # over all attempts (the writer's status): the run's cost
         }
         if self.process_count > 1:
             from jax.experimental import multihost_utils
