@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from trm import storage
-from trm.analysis.summary import SUMMARY_KEYS, _pooled_variance, run_metrics
+from trm.analysis.summary import SUMMARY_KEYS, _pooled_variance, run_metrics, weights_digest
 from trm.cli import main as trm_main
 from trm.study.metrics import SUMMARY_METRICS, TEST_TIME_METRICS
 from trm.train.records import EVAL_STATS, best_evaluation
@@ -79,6 +79,7 @@ def test_a_finished_run_is_summarised_from_storage(storage_root, tmp_path):
     # What identifies the run and what it measured; not its config, whose copy outside the run dir is its job file.
     assert sorted(summary) == sorted(SUMMARY_KEYS)
     assert (summary["config_hash"], summary["devices"]) == ("abc", 4)
+    assert summary["weights_sha256"] == weights_digest({"params_sha256": "p" * 64, "ema_sha256": "e" * 64})
     assert summary["test_exact_accuracy"] == 0.8 and summary["test_cell_accuracy"] == 0.9
     assert summary["test_cell_accuracy_puzzle_sd"] == 0.05
     best = (summary["best_test_exact_accuracy"], summary["best_test_epoch"], summary["best_test_puzzles"])
@@ -187,3 +188,11 @@ def test_a_runs_wall_time_is_its_own_whichever_job_collects_it(tmp_path):
     storage.write_text(storage.join(run, "status.json"), "{")  # damaged: not measured
     assert summarize(run, tmp_path / "c.json") == 0
     assert json.loads((tmp_path / "c.json").read_text())["wall_time_s"] is None
+
+
+def test_the_weights_digest_tells_bit_identical_runs_apart():
+    final = {"params_sha256": "p" * 64, "ema_sha256": "e" * 64}
+    assert weights_digest(final) == weights_digest(dict(final))
+    assert weights_digest({**final, "ema_sha256": "f" * 64}) != weights_digest(final)  # another EMA rate
+    assert weights_digest({**final, "ema_sha256": None}) != weights_digest(final)
+    assert weights_digest({}) is None

@@ -131,6 +131,7 @@ def _summary(config_hash: str, accuracy: float, wall_s: float) -> dict:
     return {
         "config_hash": config_hash,
         "devices": 2,
+        "weights_sha256": f"weights-of-{config_hash}",
         **metrics,
         "wall_time_s": wall_s,
         "test_exact_accuracy": accuracy,
@@ -155,7 +156,7 @@ def finished_runs(planned: Study, accuracy: dict[str, float], wall_s: dict[str, 
 def runs_table(rows: pd.DataFrame, group: str = "g") -> pd.DataFrame:
     """`rows` (one per run: its `id` and the metrics a test sets) as `trm aggregate` writes its runs table: with
     each of RUN_TABLE_COLUMNS it lacks (group `group`, not a baseline, an id's rows its seeds 0, 1, ... of one
-    configuration, the id) and each of RUN_METRICS it lacks, not measured (empty)."""
+    configuration, the id, each run's weights its own) and each of RUN_METRICS it lacks, not measured (empty)."""
     table = rows.copy()
     if "seed" not in table:
         table["seed"] = table.groupby("id").cumcount()
@@ -165,6 +166,7 @@ def runs_table(rows: pd.DataFrame, group: str = "g") -> pd.DataFrame:
         "varied": table["id"],
         "config_key": table["id"],
         "config_hash": [f"{exp}-{seed}" for exp, seed in zip(table["id"], table["seed"], strict=True)],
+        "weights_sha256": [f"{exp}-{seed}" for exp, seed in zip(table["id"], table["seed"], strict=True)],
         "run": [
             exp if seed == 0 else f"{exp}~s{seed}"
             for exp, seed in zip(table["id"], table["seed"], strict=True)

@@ -8,8 +8,8 @@ Reads, per run id (an experiment id, or EXP~sK for its replicate k), RESULTS/run
 (trm/launch/job.py: the run's resolved config, its one copy outside the run dir, read once per run). Writes
 OUTPUT.csv (one row per run: its experiment `id` (replicates EXP~sK of experiment EXP are rows of EXP, told
 apart by `seed` and `run`), group, varied keys, config hash, seed,
-run id and `config_key` (the hash of the config without train.seed: equal for the replicates of one configuration,
-which the noise floor pools), then the metrics of trm/study/metrics.py's RUN_METRICS in that order, then the config
+run id, `config_key` (the hash of the config without train.seed: equal for the replicates of one configuration,
+which the noise floor pools) and `weights_sha256` (the summary's digest of its final weights), then the metrics of trm/study/metrics.py's RUN_METRICS in that order, then the config
 keys the groups plot, then for each metric of SUMMARY_METRICS its experiment's mean, sd, n, 95% interval and the
 interval's source: columns {metric}_mean, _sd, _n, _low, _high, _interval, the same on every row of the experiment;
 docs/statistics.md explains them), OUTPUT-curves.csv (test accuracy per evaluation during training) and
@@ -41,7 +41,19 @@ if TYPE_CHECKING:  # pandas is imported where a table is made, so `trm aggregate
 
 # `run` tells an experiment's seeds apart: EXP, or EXP~sK for its replicate k.
 # The runs table's columns before its metrics: which run a row is, and what its seeds are replicates of.
-RUN_TABLE_COLUMNS = ("id", "group", "baseline", "varied", "config_hash", "seed", "run", "config_key")
+# `weights_sha256`: the summary's digest of the run's final weights, equal only for bit-identical runs (the verdicts
+# report a treatment whose runs are its reference's as having had no effect).
+RUN_TABLE_COLUMNS = (
+    "id",
+    "group",
+    "baseline",
+    "varied",
+    "config_hash",
+    "seed",
+    "run",
+    "config_key",
+    "weights_sha256",
+)
 TEST_TIME_COLUMNS = ("id", "run", "group", "baseline", *TEST_TIME_METRICS)
 CURVE_COLUMNS = ("id", "run", "group", *CURVE_METRICS)
 
@@ -139,6 +151,7 @@ def aggregate(
                 "seed": config_value(config, "train.seed"),  # replicates of one experiment differ only here
                 "run": run_id,
                 "config_key": seedless_hash(config),  # equal for the replicates of one configuration
+                "weights_sha256": summary["weights_sha256"],
                 **{key: values[key] for key in RUN_METRICS},
                 **{key: config_value(config, key) for key in plot_keys},
             }

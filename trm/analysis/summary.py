@@ -9,7 +9,9 @@ evaluates only the missing counts. Experiments sharing a run (one config hash) e
 
 The summary holds what identifies the run and what it measured, not its config (the table reads that from the run's
 job file, RESULTS/SCALE/jobs/<hash>.json, trm/launch/job.py: its one copy outside the run dir): the config hash
-(final.json's, which names that file and the run dir), the devices that trained it, then its metrics, computed with the run dir's config.json (trm/study/metrics.py says what each means): the final
+(final.json's, which names that file and the run dir), the devices that trained it, a digest of the weights it
+finished with (equal only for runs that trained bit-identically: the verdicts see a treatment that did not act),
+then its metrics, computed with the run dir's config.json (trm/study/metrics.py says what each means): the final
 figures are the trainer's last evaluation on the full test split (EMA weights when EMA is on); the best_test_*
 figures are its best evaluation (final.json `best_test`), usually on a subset. Train-side figures come from
 metrics.jsonl: mean halt steps, train exact accuracy and the halt-step variance are taken over the rows (training
@@ -24,6 +26,7 @@ each --test-time-steps count.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
 
@@ -34,7 +37,7 @@ from trm.study.metrics import SUMMARY_METRICS, TARGET_ACCURACY, TEST_TIME_METRIC
 from trm.train.records import parse_steps
 
 # The keys of a summary (what `summarize` returns): the table refuses a summary without one of them.
-SUMMARY_KEYS = ("config_hash", "devices", *SUMMARY_METRICS, "curve", "test_time")
+SUMMARY_KEYS = ("config_hash", "devices", "weights_sha256", *SUMMARY_METRICS, "curve", "test_time")
 
 
 def select_counts(evaluation: dict, counts: tuple[int, ...], source: str) -> list[dict]:
@@ -75,6 +78,15 @@ def _pooled_variance(records: list[dict]) -> float | None:
     mean = _row_mean(counted, "steps")
     second = sum(r["count"] * (r["steps_variance"] + r["steps"] ** 2) for r in counted) / count
     return max(second - mean * mean, 0.0)
+
+
+def weights_digest(final: dict) -> str | None:
+    """One digest of the weights a run finished with: of final.json's params_sha256 and ema_sha256 (null without
+    EMA). Equal for two runs only when they trained bit-identically; None when final.json has no digest."""
+    if final.get("params_sha256") is None:
+        return None
+    weights = f"{final['params_sha256']} {final.get('ema_sha256')}"
+    return hashlib.sha256(weights.encode()).hexdigest()[:16]
 
 
 def run_metrics(config: dict, records: list[dict], final: dict, status: dict | None = None) -> dict:
@@ -151,6 +163,7 @@ def summarize(run_dir: str, test_time_steps: tuple[int, ...]) -> dict:
     return {
         "config_hash": final["config_hash"],
         "devices": final["devices"],  # of the job that trained it (launch.per_experiment may differ)
+        "weights_sha256": weights_digest(final),
         **run_metrics(config, records, final, status),
         "curve": [
             {
