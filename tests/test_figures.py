@@ -132,7 +132,7 @@ def test_no_criterion_compares_a_member_with_itself_and_same_runs_are_no_effect(
     rng = np.random.default_rng(2037)
     groups = load_groups()
     checked = {"no effect": 0, "measured": 0, "own reference": 0}
-    for _ in range(12):
+    for _ in range(5):
         table, digests = _random_study(rng, groups)
         for group, judged in zip(groups, judge_groups(groups, table, "paper", 24)["groups"], strict=True):
             for criterion, result in zip(group["criteria"], judged["criteria"], strict=True):
@@ -158,7 +158,7 @@ def test_no_criterion_compares_a_member_with_itself_and_same_runs_are_no_effect(
                 elif verdicts and all(v == NO_EFFECT for v in verdicts):
                     raise AssertionError(f"{group['id']}: every comparison had no effect: {result}")
     # The draws reached each case many times.
-    assert min(checked.values()) >= 10, checked
+    assert min(checked.values()) >= 5, checked
 
 
 def test_exp10s_baseline_is_judged_against_the_best_of_the_other_rates():
