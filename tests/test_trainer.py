@@ -87,7 +87,8 @@ def test_kill_and_preemption_resume_exactly(easy_data, tmp_path):
     run = tmp_path / "interrupted"
     cmd = _train_cmd(easy_data, run, tmp_path / "cache", RESUME)
     # status.json after each stop: a killed trainer leaves "running" (lost once its heartbeat is stale), a
-    # preempted one says so.
+    # preempted one says so. Its elapsed time adds up the attempts.
+    elapsed = [0.0]
     for sig, expected_rc, trainer_state in (
         (signal.SIGKILL, -signal.SIGKILL, "running"),
         (signal.SIGTERM, 42, "preempted"),
@@ -111,12 +112,20 @@ def test_kill_and_preemption_resume_exactly(easy_data, tmp_path):
         assert state.status["state"] == trainer_state
         assert state.state == trainer_state
         assert 0 < state.status["step"] < 120 and state.status["total_steps"] == 120
+        assert state.status["elapsed_s"] > elapsed[-1]
+        elapsed.append(state.status["elapsed_s"])
         if trainer_state == "running":
             assert read_run(str(run), now=time.time() + 3600, stale_after_s=600).state == "lost"
 
+    started = time.time()
     finished = _run(cmd)
+    last_attempt = time.time() - started
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert "resuming from step" in finished.stderr
+    # The run's cost is every attempt's, not the last one's: final.json's wall time, which the summary reports.
+    wall = _final(run)["wall_time_s"]
+    assert elapsed[-1] < wall <= elapsed[-1] + last_attempt
+    assert wall <= read_run(str(run)).status["elapsed_s"]  # written just before the last status
     assert _final(run)["params_sha256"] == _final(reference)["params_sha256"]
     assert _final(run)["ema_sha256"] == _final(reference)["ema_sha256"]
     assert _final(run)["test"] == _final(reference)["test"]
