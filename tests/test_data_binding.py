@@ -5,6 +5,7 @@ refusals end to end: tests/test_trainer.py; `trm stage --replace`: tests/test_st
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,9 @@ from trm.data.build import _TEST_SUBSAMPLE_STREAM, subsample
 from trm.data.generate import generate_puzzles
 from trm.data.manifest import read_build_record, scan_local
 from trm.data.pool import write_csv
+from trm.errors import UserError
+from trm.run import layout
+from trm.train.run_data import check_resumed_data
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +133,61 @@ def test_a_puzzle_repeated_in_the_dataset_is_refused(tmp_path, generated, capsys
     ]
     assert build(*args) == 0
     assert {(q - 1).tobytes() for q in np.load(fmt.array_path(out, "test", "inputs"))} == kept(seed)
+
+
+def test_a_runs_data_settings_must_describe_its_train_split(easy_dataset, tmp_path):
+    """The issue's `--set data.train_puzzles=100` on a 20-puzzle dataset trained, and config.json recorded 100."""
+    train = fmt.load_split(easy_dataset, "train")  # 48 puzzles with 4 augmentations each
+    fmt.check_data_settings({"train_puzzles": 48, "num_aug": 4}, train, "URL")
+    with pytest.raises(UserError) as refused:
+        fmt.check_data_settings({"train_puzzles": 100, "num_aug": 4}, train, "URL")
+    assert str(refused.value) == (
+        "data.train_puzzles is 100, but the dataset at URL holds 48 training puzzles (total_groups of its "
+        "train/dataset.json): set data.train_puzzles=48, or train on a dataset built with --subsample-size 100"
+    )
+    with pytest.raises(
+        UserError, match=r"^data.num_aug is 1, but the dataset at URL holds 4 augmentations per "
+    ):
+        fmt.check_data_settings({"train_puzzles": 48, "num_aug": 1}, train, "URL")
+    # A dataset of another builder whose groups differ in size has no one num_aug to match.
+    uneven = tmp_path / "uneven"
+    fmt.write_split_arrays(uneven, "train", train.inputs[:6], train.labels[:6], 1)
+    np.save(fmt.array_path(uneven, "train", "group_indices"), np.array([0, 1, 6], dtype=np.int32))
+    fmt.write_json(uneven / "train" / "dataset.json", fmt.sudoku_metadata(2))
+    with pytest.raises(
+        UserError, match="holds 0 to 4 augmentations per training puzzle .*: train on a dataset built"
+    ):
+        fmt.check_data_settings({"train_puzzles": 2, "num_aug": 0}, fmt.load_split(uneven, "train"), "URL")
+
+
+def test_a_run_dir_is_bound_to_the_content_of_its_dataset(tmp_path, easy_data):
+    run = str(tmp_path / "run")
+    layout.bind_data(run, "file:///a", "1" * 64)
+    assert layout.bound_data(run) == {"url": "file:///a", "manifest_sha256": "1" * 64}
+    layout.bind_data(run, "gs://b/moved", "1" * 64)  # the same content elsewhere: the same dataset
+    record = (tmp_path / "run" / layout.DATA).read_bytes()
+    with pytest.raises(layout.RunDirRefused) as refused:
+        layout.bind_data(run, "file:///c", "2" * 64)
+    assert str(refused.value) == (
+        f"{run}/data.json: this run trains on the dataset {'1' * 16} staged at file:///a, not on {'2' * 16} at "
+        "--data file:///c: resume it on its own dataset, or use a new --run-dir"
+    )
+    assert (tmp_path / "run" / layout.DATA).read_bytes() == record
+
+    # Before anything is written to a run dir: one bound to another dataset refuses --data; an unbound one reads
+    # nothing (its --data may not even exist yet: the trainer says so, after claiming the run dir).
+    with pytest.raises(layout.RunDirRefused, match="data.json: this run trains on the dataset 1111"):
+        check_resumed_data(run, easy_data)
+    check_resumed_data(str(tmp_path / "new"), str(tmp_path / "no-dataset"))
+    (tmp_path / "run" / layout.DATA).write_text('{"url": "file:///a"}')
+    with pytest.raises(
+        UserError, match=r"data.json: not a data record \(expected an object with manifest_sha256\)"
+    ):
+        layout.bound_data(run)
+    (tmp_path / "run" / layout.DATA).write_text("{trunc")
+    with pytest.raises(UserError, match=r"data.json: not valid JSON"):
+        layout.bound_data(run)
+    assert json.loads(record) == {"manifest_sha256": "1" * 64, "url": "file:///a"}
 
 
 def test_smoke_pool_replaces_only_a_pool_it_wrote(tmp_path, generated, capsys):
