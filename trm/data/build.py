@@ -31,9 +31,10 @@ own files hold none: its puzzles are deduplicated, and its train and test puzzle
 The dataset is written to a temporary folder beside --output-dir and renamed into place at the end: on
 any error nothing is left behind. An existing --output-dir is replaced (--force) only when it is a dataset
 `trm build-dataset` made, as it made it: its MANIFEST.json lists every file in it. Anything else (a plain file,
-a folder of the user's, a dataset holding added files) is refused, and nothing is touched. dataset.json holds the original's fields plus provenance (builder,
-source, test_source, seed, subsample_size, test_subsample_size, num_aug, min_difficulty; the same in
-both splits). MANIFEST.json, the build record, lists every file the build wrote with its size, md5 and
+a folder of the user's, a dataset holding added files) is refused, and nothing is touched.
+
+dataset.json holds the original's fields plus provenance (builder, source, test_source, seed, subsample_size,
+test_subsample_size, num_aug, min_difficulty; the same in both splits). MANIFEST.json, the build record, lists every file the build wrote with its size, md5 and
 crc32c: `trm dataset-info` checks the folder against it, and `trm stage` stages only files that match it.
 """
 
