@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny_run import TINY, build_dataset, easy_csv, set_flags, stage, tiny_config
+from tiny_run import TINY, TRAINED, build_dataset, easy_csv, set_flags, stage, tiny_config
 
 from trm.cli import main as trm
 from trm.config import BASE_CONFIG
@@ -273,6 +274,58 @@ def test_run_dir_refuses_a_different_config(easy_data, tmp_path):
     assert done.returncode == 2
     assert "config.json" in done.stderr and "--run-dir" in done.stderr
     assert os.listdir(run) == ["config.json"]  # the other config's run dir: no failed status written there
+
+
+def test_data_settings_the_dataset_does_not_have_are_refused_before_training(easy_data, tmp_path, capsys):
+    """The issue's `trm train --set data.train_puzzles=100` on a smaller dataset trained, and its config.json said
+    100: now one line names the setting and the dataset, and nothing trains (the run dir says why, as for any
+    failure while setting up)."""
+    run = tmp_path / "run"
+    for key, value, message in (
+        (
+            "data.train_puzzles",
+            100,
+            "data.train_puzzles is 100, but the dataset at {} holds 48 training puzzles",
+        ),
+        (
+            "data.num_aug",
+            7,
+            "data.num_aug is 7, but the dataset at {} holds 4 augmentations per training puzzle",
+        ),
+    ):
+        short = {"train.epochs": 1, "train.eval_interval": 1}  # what it would train: 6 steps
+        command = _train_cmd(easy_data, run / key, tmp_path / "cache", {**short, key: value})
+        assert trm(command[3:]) == 2
+        err = capsys.readouterr().err
+        assert f"trm train: error: {message.format(easy_data)}" in err and "Traceback" not in err, err
+        assert sorted(p.name for p in (run / key).iterdir()) == ["config.json", "logs", "status.json"]
+        assert "UserError: " + message.format(easy_data) in read_run(str(run / key)).detail
+
+
+def test_a_run_refuses_to_resume_on_another_dataset(trained, tmp_path, capsys):
+    """The issue's resume with another --data continued from the checkpoint, under the first config's hash: the
+    run dir records its dataset (data.json), and `trm train` and `trm launch` refuse another one in one line,
+    writing nothing in the run dir."""
+    run = Path(shutil.copytree(trained["run"], tmp_path / "run"))
+    bound = json.loads((run / "data.json").read_text())
+    assert bound["url"] == trained["staged"]
+    other = tmp_path / "other"  # the same puzzles and settings, another seed: other content
+    build = ["build-dataset", "--source", str(trained["csv"]), "--num-aug", "4", "--seed", "4"]
+    assert trm([*build, "--output-dir", str(other)]) == 0
+    other_url = stage(other, f"file://{tmp_path / 'staged'}")
+    before = {p.relative_to(run).as_posix(): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    run_args = ["--config", str(BASE_CONFIG), "--data", other_url, "--run-dir", str(run), *set_flags(TRAINED)]
+    for command in (["train", *run_args, "--cache-dir", str(tmp_path / "cache")], ["launch", *run_args]):
+        capsys.readouterr()
+        assert trm(command) == 2
+        err = capsys.readouterr().err
+        assert (
+            f"{run}/data.json: this run trains on the dataset {bound['manifest_sha256'][:16]} staged at "
+            f"{trained['staged']}, not on "
+        ) in err and f"at --data {other_url}: resume it on its own dataset, or use a new --run-dir" in err
+        assert "Traceback" not in err, err
+        after = {p.relative_to(run).as_posix(): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+        assert after == before
 
 
 def test_a_run_that_fails_before_training_is_marked_failed_with_its_reason(tmp_path):

@@ -201,6 +201,27 @@ def load_split(dataset_dir: str | Path, split: str, mmap: bool = True) -> SplitD
     return data
 
 
+def check_data_settings(settings: dict, train: SplitData, dataset: str) -> None:
+    """A run's data settings (its config's `data`: train_puzzles, num_aug) describe the train split of the dataset
+    it trains on, so that its config says what it trained: UserError naming the setting and the dataset if not."""
+    puzzles = train.metadata["total_groups"]  # groups: each a base puzzle and its augmentations
+    sizes = np.unique(np.diff(train.group_indices))
+    if settings["train_puzzles"] != puzzles:
+        raise UserError(
+            f"data.train_puzzles is {settings['train_puzzles']}, but the dataset at {dataset} holds {puzzles} "
+            f"training puzzles (total_groups of its train/dataset.json): set data.train_puzzles={puzzles}, or "
+            f"train on a dataset built with --subsample-size {settings['train_puzzles']}"
+        )
+    if len(sizes) > 1 or (len(sizes) == 1 and sizes[0] != settings["num_aug"] + 1):
+        held = f"{sizes[0] - 1}" if len(sizes) == 1 else f"{sizes.min() - 1} to {sizes.max() - 1}"
+        set_it = f"set data.num_aug={held}, or " if len(sizes) == 1 else ""
+        raise UserError(
+            f"data.num_aug is {settings['num_aug']}, but the dataset at {dataset} holds {held} augmentations per "
+            f"training puzzle (train/{SET_NAME}__group_indices.npy): {set_it}train on a dataset built with "
+            f"--num-aug {settings['num_aug']}"
+        )
+
+
 def check_same_format(train_meta: dict, test_meta: dict) -> None:
     """The train and test splits of one dataset agree on the vocabulary, sequence and puzzle ids."""
     for key in ("vocab_size", "seq_len", "num_puzzle_identifiers", "pad_id", "ignore_label_id"):

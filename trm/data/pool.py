@@ -7,6 +7,9 @@ The generator makes about 15 minimal 9x9 puzzles per CPU-second (200 6x6 ones, 1
 study generates one pool and builds each of its datasets from it with `trm build-dataset --source DIR
 --subsample-size N`: subsamples are prefixes of one seeded permutation, so the smaller datasets are nested in the
 larger ones, as in the paper-scale study.
+
+An existing train.csv or test.csv in --output-dir is replaced only when it is a pool this command wrote (every
+row's source is "generated"); any other file there is refused, and nothing is written.
 """
 
 from __future__ import annotations
@@ -42,6 +45,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-dir", required=True, help="folder to write train.csv and test.csv into")
 
 
+POOL_SOURCE = (
+    "generated"  # the source column of every pool row: how an earlier pool is told from a user's file
+)
+
+
+def _check_replaceable(path: Path) -> None:
+    """Refuse to replace `path` unless it is a pool file this command wrote: a CSV whose every row's source is
+    POOL_SOURCE (read up to the first row that is not, so a large file of someone else's is refused at once)."""
+    if not path.exists() and not path.is_symlink():
+        return
+    refuse = (
+        f"{path} exists and is not a pool trm smoke-pool wrote: choose another --output-dir, or move it away"
+    )
+    if path.is_symlink() or not path.is_file():
+        raise UserError(refuse)
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = csv.DictReader(f)
+            ours = rows.fieldnames is not None and all(row.get("source") == POOL_SOURCE for row in rows)
+    except (OSError, UnicodeDecodeError, csv.Error):
+        ours = False
+    if not ours:
+        raise UserError(refuse)
+
+
 def write_csv(path: Path, puzzles: Puzzles) -> None:
     """Write puzzles in the Sudoku-Extreme CSV layout (source,question,answer,rating), atomically."""
     stream = io.StringIO(newline="")
@@ -50,7 +78,7 @@ def write_csv(path: Path, puzzles: Puzzles) -> None:
     for question, answer, rating in zip(puzzles.questions, puzzles.answers, puzzles.ratings, strict=True):
         writer.writerow(
             [
-                "generated",
+                POOL_SOURCE,
                 "".join("." if c == 0 else str(c) for c in question),
                 "".join(map(str, answer)),
                 int(rating),
@@ -65,8 +93,10 @@ def main(args: argparse.Namespace) -> int:
             raise UserError(f"{flag} must be >= 1, got {value}")
     board = parse_board(args.board)
     check_blanks(args.blanks, board)
-    puzzles = generate_puzzles(args.train + args.test, args.seed, args.blanks, board)
     output = Path(args.output_dir)
+    for name in ("train.csv", "test.csv"):
+        _check_replaceable(output / name)
+    puzzles = generate_puzzles(args.train + args.test, args.seed, args.blanks, board)
     output.mkdir(parents=True, exist_ok=True)
     write_csv(output / "train.csv", puzzles.take(np.arange(args.train)))
     write_csv(output / "test.csv", puzzles.take(np.arange(args.train, len(puzzles))))
