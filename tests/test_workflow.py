@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from snakemake.settings.types import (
     DAGSettings,
     OutputSettings,
     Quietness,
+    RerunTrigger,
     ResourceSettings,
 )
 from workflow_support import estimates
@@ -35,16 +37,13 @@ REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
 
-def planned_jobs(
-    workdir: Path, config: dict | None = None, targets: set[str] | None = None
-) -> collections.Counter:
-    """Dry-run the workflow; count the jobs that would run, per kind, from the files they would write."""
-    return job_kinds(planned_files(workdir, config, targets))
-
-
-def planned_files(workdir: Path, config: dict | None = None, targets: set[str] | None = None) -> list[str]:
-    """Dry-run the workflow: the files its jobs would write."""
+def dry_run(
+    workdir: Path, config: dict | None = None, targets: set[str] | None = None, triggers: set | None = None
+) -> list[Path]:
+    """The files a run of the workflow would write (a dry run through the Snakemake API), as paths below
+    `workdir`; `triggers`: Snakemake's rerun triggers (default: all of them)."""
     updated: list[str] = []
+    rerun = {"rerun_triggers": triggers} if triggers else {}
     with SnakemakeApi(OutputSettings(quiet={Quietness.ALL})) as api:
         workflow = api.workflow(
             resource_settings=ResourceSettings(cores=2),
@@ -52,21 +51,28 @@ def planned_files(workdir: Path, config: dict | None = None, targets: set[str] |
             snakefile=workdir / "Snakefile",
             workdir=workdir,
         )
-        workflow.dag(DAGSettings(targets=targets or set())).execute_workflow(
+        workflow.dag(DAGSettings(targets=targets or set(), **rerun)).execute_workflow(
             executor="dryrun", updated_files=updated
         )
-    return updated
+    return [Path(path) for path in updated]
 
 
-def job_kinds(updated: list[str]) -> collections.Counter:
-    """The jobs that write `updated`, counted per kind."""
+def planned_jobs(
+    workdir: Path, config: dict | None = None, targets: set[str] | None = None, triggers: set | None = None
+) -> collections.Counter:
+    """Dry-run the workflow; count the jobs that would run, per kind, from the files they would write."""
+    return job_kinds(dry_run(workdir, config, targets, triggers))
+
+
+def job_kinds(paths: list[Path]) -> collections.Counter:
+    """The jobs that write the files `paths`, counted per kind."""
     kinds = collections.Counter()
-    for path in map(Path, updated):
+    for path in paths:
         if path.parent.name == "runs" and path.suffix == ".json":
             kinds["train"] += 1
         elif path.parent.name == "datasets":
             kinds["build_dataset"] += 1
-        elif path.parent.name == "staged":
+        elif "staged" in path.parts:
             kinds["stage_dataset"] += 1
         elif path.parent.name == "plots" and path.suffix == ".png":
             kinds["plot_group"] += 1
@@ -95,7 +101,7 @@ def test_one_experiment_by_output_path_or_config_and_one_group(workdir):
     assert by_path == {"build_dataset": 1, "stage_dataset": 1, "train": 1}
     # One experiment trains with the baseline's 3 seeds (the noise floor of its interval: tests/test_selection.py),
     # and writes its table, verdicts and plots in a folder of its own, none of the whole study's outputs.
-    files = planned_files(workdir, {"experiments": ["exp01a"]})
+    files = dry_run(workdir, {"experiments": ["exp01a"]})
     assert job_kinds(files) == {
         "build_dataset": 1,
         "stage_dataset": 1,
@@ -103,11 +109,10 @@ def test_one_experiment_by_output_path_or_config_and_one_group(workdir):
         "aggregate": 1,
         "plot_group": 1,
     }
-    analysis = [
-        f for f in files if Path(f).name.startswith("table") or {"plots", "verdicts"} & set(Path(f).parts)
-    ]
+    analysis = [f for f in files if f.name.startswith("table") or {"plots", "verdicts"} & set(f.parts)]
     assert len(analysis) == 3 + 4 + 2  # the table's 3 files, the verdicts' and the group's plot
-    assert all(f.startswith("results/smoke/selections/exp01a/") for f in analysis), analysis
+    selection = Path("results/smoke/selections/exp01a")
+    assert all(f.is_relative_to(selection) for f in analysis), analysis
     assert planned_jobs(workdir, {"groups": ["exp04a"]})["train"] == 6 + 2 + 1  # baseline seeds, reference
     assert planned_jobs(workdir, {"groups": ["exp04a"]})["build_dataset"] == 6
 
@@ -139,6 +144,28 @@ def test_dry_run_prints_estimated_training_and_evaluation_hours_per_job(workdir)
     extra = sum(training[job] + evaluation[job] for job in replicates)
     assert study["replicates"].startswith("  replicates: 2 runs (more seeds: replicates.smoke), ")
     assert float(study["replicates"].split("), ")[1].split()[0]) == pytest.approx(extra, rel=1e-3)
+
+
+def test_a_change_of_storage_stages_the_datasets_there_again(workdir):
+    """The issue: after a change of `storage=` (`results=` kept), the stage receipt still stood for the other
+    storage's copy, nothing was staged, and training failed with "no dataset is staged". A receipt's path now
+    names the storage it stands for, so a new storage stages again, and its runs train there, whatever Snakemake
+    remembers of earlier runs (here nothing, and file times are its only trigger)."""
+    target, mtime = {"results/smoke/runs/exp01c.json"}, {RerunTrigger.MTIME}
+    first = {"experiments": ["exp01c"], "storage": str(workdir / "first")}
+    # What a run with the first storage leaves (its summary aside), each file newer than its inputs.
+    written = [p for p in dry_run(workdir, first, target) if p.parent.name != "runs"]
+    order = ("pool", "datasets")  # then the receipt, in a folder of its own below staged/
+    for age, path in enumerate(
+        sorted(written, key=lambda p: order.index(p.parent.name) if p.parent.name in order else 2)
+    ):
+        path = workdir / path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir() if path.parent.name == "datasets" else path.write_text("")
+        os.utime(path, (1e9 + age, 1e9 + age))
+    assert planned_jobs(workdir, first, target, mtime) == {"train": 1}
+    moved = {**first, "storage": str(workdir / "second")}
+    assert planned_jobs(workdir, moved, target, mtime) == {"stage_dataset": 1, "train": 1}
 
 
 # ------------------------------------------------------------------------------------------------ bad input
