@@ -138,9 +138,9 @@ def test_a_puzzle_repeated_in_the_dataset_is_refused(tmp_path, generated, capsys
 def test_a_runs_data_settings_must_describe_its_train_split(easy_dataset, tmp_path):
     """The issue's `--set data.train_puzzles=100` on a 20-puzzle dataset trained, and config.json recorded 100."""
     train = fmt.load_split(easy_dataset, "train")  # 48 puzzles with 4 augmentations each
-    fmt.check_data_settings({"train_puzzles": 48, "num_aug": 4}, train, "URL")
+    fmt.check_data_settings({"board": "9x9", "train_puzzles": 48, "num_aug": 4}, train, "URL")
     with pytest.raises(UserError) as refused:
-        fmt.check_data_settings({"train_puzzles": 100, "num_aug": 4}, train, "URL")
+        fmt.check_data_settings({"board": "9x9", "train_puzzles": 100, "num_aug": 4}, train, "URL")
     assert str(refused.value) == (
         "data.train_puzzles is 100, but the dataset at URL holds 48 training puzzles (total_groups of its "
         "train/dataset.json): set data.train_puzzles=48, or train on a dataset built with --subsample-size 100"
@@ -148,7 +148,14 @@ def test_a_runs_data_settings_must_describe_its_train_split(easy_dataset, tmp_pa
     with pytest.raises(
         UserError, match=r"^data.num_aug is 1, but the dataset at URL holds 4 augmentations per "
     ):
-        fmt.check_data_settings({"train_puzzles": 48, "num_aug": 1}, train, "URL")
+        fmt.check_data_settings({"board": "9x9", "train_puzzles": 48, "num_aug": 1}, train, "URL")
+    # A run's board is its dataset's (the model would train on any seq_len; its config would say another board).
+    with pytest.raises(UserError) as refused:
+        fmt.check_data_settings({"board": "6x6", "train_puzzles": 48, "num_aug": 4}, train, "URL")
+    assert str(refused.value) == (
+        "data.board is 6x6, but the dataset at URL holds 9x9 puzzles (seq_len 81 of its train/dataset.json): set "
+        "data.board=9x9, or train on a dataset built with --board 6x6"
+    )
     # A dataset of another builder whose groups differ in size has no one num_aug to match.
     uneven = tmp_path / "uneven"
     fmt.write_split_arrays(uneven, "train", train.inputs[:6], train.labels[:6], 1)
@@ -157,7 +164,7 @@ def test_a_runs_data_settings_must_describe_its_train_split(easy_dataset, tmp_pa
     with pytest.raises(
         UserError, match="holds 0 to 4 augmentations per training puzzle .*: train on a dataset built"
     ):
-        fmt.check_data_settings({"train_puzzles": 2, "num_aug": 0}, fmt.load_split(uneven, "train"), "URL")
+        fmt.check_data_settings({"board": "9x9", "train_puzzles": 2, "num_aug": 0}, fmt.load_split(uneven, "train"), "URL")
 
 
 def test_a_run_dir_is_bound_to_the_content_of_its_dataset(tmp_path, easy_data):

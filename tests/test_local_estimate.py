@@ -20,7 +20,7 @@ from trm.study.estimate import training_steps
 from trm.study.groups import GROUPS_PATH
 
 ONE_SEED = {"replicates": {"smoke": {"baseline": 1}}}
-STEP_S, WALL_S = 0.25, 200.0  # the measured runs' step time and job wall time
+STEP_S, WALL_S = 0.05, 400.0  # the measured runs' step time and job wall time
 # Builds a Study from settings read on stdin, then prints the heavy libraries it imported.
 PROBE = """
 import json, sys

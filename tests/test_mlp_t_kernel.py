@@ -69,7 +69,7 @@ def per_device_swiglu(mlp: SwiGLU, x: jax.Array):
 
 
 def test_the_kernel_is_compiled_for_tpu_only_and_the_cpu_keeps_the_plain_formulation_bit_for_bit():
-    mlp = SwiGLU(16, 4.0, rngs=nnx.Rngs(0))
+    mlp = SwiGLU(16, 4.0, 256, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(1), (16, mlp_t_kernel.ROWS, mlp_t_kernel.COLUMNS)).astype(
         jnp.bfloat16
     )
@@ -86,7 +86,7 @@ def test_the_kernel_is_compiled_for_tpu_only_and_the_cpu_keeps_the_plain_formula
 
     # On the CPU: the same value and gradients as the plain formulation outside shard_map, bit for bit.
     def total(state, x):
-        mlp = nnx.merge(nnx.split(SwiGLU(16, 4.0, rngs=nnx.Rngs(0)))[0], state)
+        mlp = nnx.merge(nnx.split(SwiGLU(16, 4.0, 256, rngs=nnx.Rngs(0)))[0], state)
         gate, up = jnp.split(mlp.gate_up_proj.along_leading_axis(x), 2, axis=0)
         y = mlp.down_proj.along_leading_axis(silu(gate) * up)
         return jnp.sum(y.astype(jnp.float32) ** 2)

@@ -141,10 +141,12 @@ def test_rope_matches_numpy_half_split():
     )
 
 
-def test_swiglu_width_rounds_up_to_256():
-    assert swiglu_width(512, 4) == 1536
-    assert swiglu_width(97, 4) == 512  # round(258.67) = 259 -> 512
-    assert swiglu_width(916, 4) == 2560
+def test_swiglu_width_rounds_up_to_the_multiple():
+    assert swiglu_width(512, 4, 256) == 1536  # the original's widths (multiple 256)
+    assert swiglu_width(97, 4, 256) == 512  # round(258.67) = 259 -> 512
+    assert swiglu_width(916, 4, 256) == 2560
+    assert swiglu_width(32, 4, 16) == 96  # round(85.33) = 85 -> 96: about 3 x 32, as 1536 is 3 x 512
+    assert swiglu_width(17, 4, 16) == 48
 
 
 @pytest.mark.parametrize("variant", [{"mlp_t": True}, {"mlp_t": False, "pos_encodings": "rope"}])

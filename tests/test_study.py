@@ -17,7 +17,7 @@ from trm.launch.job import read_job
 from trm.study.estimate import evaluation_flops, evaluation_passes, model_costs, training_flops
 from trm.study.groups import load_groups
 from trm.study.plan import dataset_name, plan_study
-from trm.study.scale import SMOKE, SMOKE_POOL
+from trm.study.scale import SMOKE
 from trm.study.settings import setting_source
 from trm.study.study import CLOUD_RULES, TRM, Study
 
@@ -189,9 +189,10 @@ def test_plan_summary_and_each_jobs_estimate(tmp_path):
     training = [costs.hours[f"exp06_{x}"]["training"] for x in "abcdef"]
     assert max(training) == pytest.approx(min(training), rel=0.3)
     # Evaluation computes whole batches, but no more rows than the puzzles need: the smoke test puzzles are whole
-    # batches of 6 (exp06_a; 24 puzzles, a multiple of 6: no padding) and one batch of just them, not 192 (exp06_f).
-    puzzles = SMOKE_POOL["test"]
-    assert f"training, {-(-puzzles // 6) * 6} rows x 32 steps at the end" in costs.message("exp06_a")
+    # batches of 8 (exp06_a; 256 puzzles, a multiple of 8: no padding) and one batch of just them, not 256 rows of
+    # a batch (exp06_f).
+    puzzles = SMOKE.test_puzzles
+    assert f"training, {-(-puzzles // 8) * 8} rows x 32 steps at the end" in costs.message("exp06_a")
     assert f"training, {puzzles} rows x 32 steps at the end" in costs.message("exp06_f")
     first, training_line, evaluation_line = costs.message("exp06_a").splitlines()
     assert (
@@ -266,7 +267,7 @@ def test_smoke_scale_keeps_what_each_group_varies():
                     range(len(smoke_k)), key=smoke_k.__getitem__
                 ), (group["id"], group["varies"][k])
     widths = [smoke[f"exp01{x}"]["arch"]["hidden_size"] for x in "abcdef"]
-    divisor = SMOKE["arch.hidden_size"][1]
+    divisor = SMOKE.rules["arch.hidden_size"][1]
     assert [w * divisor for w in widths] == [paper[f"exp01{x}"]["arch"]["hidden_size"] for x in "abcdef"]
 
 
@@ -305,7 +306,7 @@ def test_only_a_job_that_reaches_storage_or_a_slice_needs_a_real_bucket_and_the_
     assert shipped.placeholder_storage.startswith(
         "profiles/tpu-v4-64/study.yaml: storage 'gs://YOUR-BUCKET/trm-study': YOUR-BUCKET is a placeholder"
     )
-    shipped.check_before_jobs({"compile_step", "smoke_pool", "build_dataset"})  # all on this machine
+    shipped.check_before_jobs({"compile_step", "puzzle_pool", "build_dataset"})  # all on this machine
     with pytest.raises(UserError, match="YOUR-BUCKET is a placeholder"):
         shipped.check_before_jobs({"build_dataset", "stage_dataset"})
     assert preflights == []

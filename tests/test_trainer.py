@@ -154,6 +154,7 @@ def test_a_tiny_model_learns_a_6x6_board(tmp_path):
     easy_data = stage(built, f"file://{tmp_path / 'staged'}")
     run = tmp_path / "learn"
     extra = {
+        "data.board": "6x6",
         "arch.hidden_size": 64,
         "arch.halt_max_steps": 4,
         "train.epochs": 40,

@@ -251,12 +251,12 @@ def test_study_criteria_can_fail():
     assert curriculum["verdict"] == NOT_SUPPORTED
 
 
-def test_smoke_scale_judges_the_cell_accuracy_the_plots_show_and_says_it_tests_nothing():
+def test_smoke_scale_judges_the_cell_accuracy_the_plots_show_and_says_what_it_tests():
     groups = real_groups()
     results = runs(exp08a=[0.0], exp08b=[0.0], exp08c=[0.0], exp08d=[0.0], exp08e=[0.0])
     results["test_cell_accuracy"] = [0.30, 0.31, 0.33, 0.45, 0.40]
     smoke = judge_groups([groups["exp08"]], results, "smoke", 16)
-    assert "too short to test the hypothesis" in smoke["note"]
+    assert "short of convergence" in smoke["note"]
     first = smoke["groups"][0]["criteria"][0]
     assert first["metric"] == "test_cell_accuracy" and "exact accuracy is 0 for every run" in first["caveat"]
     # 16 puzzles: a 15-point difference of two single runs is well inside the sampling interval.
@@ -310,12 +310,12 @@ def test_cli_writes_every_output_for_the_groups_in_the_table(tmp_path, capsys):
     assert accuracy["comparisons"][0]["a"] == "exp07b" and accuracy["comparisons"][0]["b"] == "exp07a"
     assert speed["verdict"] == SUPPORTED
     markdown = (out / "verdicts.md").read_text()
-    assert "too short to test the hypothesis" in markdown and "| exp07 | " in markdown
+    assert "short of convergence" in markdown and "| exp07 | " in markdown
     assert "1 not supported, 1 supported" not in markdown and "1 supported, 1 not supported" in markdown
     rst = (out / "exp07.rst").read_text()
     assert "**Verdict at the smoke scale: not supported.** Criteria: 1 supported, 1 not supported." in rst
     assert "exp07b - exp07a: not supported: difference -40.0 ± " in rst and "(n=3)" in rst
-    assert "too short" in capsys.readouterr().out
+    assert "short of convergence" in capsys.readouterr().out
     # Named groups are judged even without runs.
     assert trm_main([*args, "exp01", "exp07"]) == 0
     assert [g["verdict"] for g in json.loads((out / "verdicts.json").read_text())["groups"]] == [

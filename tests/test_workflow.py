@@ -29,7 +29,7 @@ from workflow_support import estimates
 from trm.analysis.uncertainty import FLOOR_AND_PUZZLE_SD, SEEDS
 from trm.launch.job import read_job
 from trm.study.plan import plan_study
-from trm.study.scale import SMOKE_POOL
+from trm.study.scale import SMOKE
 
 pytestmark = pytest.mark.workflow
 
@@ -288,7 +288,7 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     ]
     run_dir = workdir / f"results/storage/smoke/runs/{summary['config_hash']}"
     evaluation = json.loads((run_dir / "test_time.json").read_text())
-    assert evaluation["results"][0]["count"] == SMOKE_POOL["test"]
+    assert evaluation["results"][0]["count"] == SMOKE.test_puzzles
     assert evaluation["weights"] in ("ema", "params")
     # At the training halt limit (16 steps) the test-time figures are the trainer's final test evaluation: one
     # pass records both, so they are equal by construction, not by tolerance. The controller ran no evaluation.

@@ -45,6 +45,7 @@ from trm.analysis.uncertainty import (
 )
 from trm.study.groups import REFERENCE_GROUP
 from trm.study.metrics import CELL_FALLBACK, RUN_METRICS
+from trm.study.scale import scale_of
 
 # The metrics with a single run's sampling interval, and the column of a run's sd over the puzzles for those that
 # are means of a per-puzzle fraction: the interval comes from it (uncertainty.summarize), Wilson's where it is empty.
@@ -58,12 +59,12 @@ CELL_CAVEAT = (
 
 
 def judged_metric(metric: str, group_runs: Mapping[str, Sequence[float]], scale: str) -> tuple[str, str]:
-    """(the metric a criterion is judged on, the caveat to print with it). At the smoke scale an exact accuracy
-    that is 0 or unmeasured for every run of the group is replaced by cell accuracy, as the group's plot does
+    """(the metric a criterion is judged on, the caveat to print with it). At a local scale (Scale.cell_fallback:
+    smoke, mini) an exact accuracy that is 0 or unmeasured for every run of the group is replaced by cell accuracy, as the group's plot does
     (`group_runs`: that exact accuracy's values per member, every run of the group); otherwise `metric`, no
     caveat."""
     fallback = CELL_FALLBACK.get(metric)
-    if scale != "smoke" or fallback is None:
+    if not scale_of(scale).cell_fallback or fallback is None:
         return metric, ""
     values = [v for runs in group_runs.values() for v in runs]
     if all(v is None or not v == v or v == 0 for v in values):  # v == v is False for NaN

@@ -56,16 +56,12 @@ from trm.analysis.uncertainty import (
 from trm.errors import UserError
 from trm.study.groups import load_groups
 from trm.study.metrics import CELL_FALLBACK
-from trm.study.scale import SCALES
+from trm.study.scale import SCALES, scale_of
 
 if TYPE_CHECKING:  # pandas is imported where a table is read, so `trm verdicts --help` stays fast
     import pandas as pd
 
 OUTCOMES = (SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, NO_EFFECT, NO_SIGNAL, NO_DATA)
-SMOKE_NOTE = (
-    "smoke scale: these runs are too short to test the hypothesis; the verdicts only show that the criteria "
-    "are evaluated."
-)
 
 
 def evaluate_criterion(
@@ -162,10 +158,9 @@ def judge_groups(
 ) -> dict:
     """Every criterion of every given group judged on the table, with the scale and its caveat. `test_puzzles`:
     the test split's size (the sampling interval of a single run's accuracy); None ignores sampling."""
-    if scale not in SCALES:
-        raise UserError(f"unknown scale {scale!r}: one of {', '.join(SCALES)}")
+    note = scale_of(scale).note
     metrics = sorted({c["metric"] for g in groups for c in g["criteria"]})
-    # At the smoke scale a criterion may be judged on cell accuracy instead (judge.judged_metric).
+    # At a local scale a criterion may be judged on cell accuracy instead (judge.judged_metric).
     metrics += sorted({CELL_FALLBACK[m] for m in metrics if m in CELL_FALLBACK} - set(metrics))
     sds = [PUZZLE_SD_COLUMNS[m] for m in metrics if m in PUZZLE_SD_COLUMNS]
     absent = [c for c in (*RUN_TABLE_COLUMNS, *metrics, *sds) if c not in table.columns]
@@ -176,7 +171,7 @@ def judge_groups(
     judged = selected_runs(table)
     return {
         "scale": scale,
-        "note": SMOKE_NOTE if scale == "smoke" else "",
+        "note": note,
         "groups": [evaluate_group(g, judged, scale, floors, test_puzzles) for g in groups],
     }
 

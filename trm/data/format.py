@@ -202,8 +202,16 @@ def load_split(dataset_dir: str | Path, split: str, mmap: bool = True) -> SplitD
 
 
 def check_data_settings(settings: dict, train: SplitData, dataset: str) -> None:
-    """A run's data settings (its config's `data`: train_puzzles, num_aug) describe the train split of the dataset
-    it trains on, so that its config says what it trained: UserError naming the setting and the dataset if not."""
+    """A run's data settings (its config's `data`: board, train_puzzles, num_aug) describe the train split of the
+    dataset it trains on, so that its config says what it trained: UserError naming the setting and the dataset if
+    not."""
+    board = Board.from_cells(train.metadata["seq_len"])
+    if settings["board"] != board.name:
+        raise UserError(
+            f"data.board is {settings['board']}, but the dataset at {dataset} holds {board.name} puzzles (seq_len "
+            f"{train.metadata['seq_len']} of its train/dataset.json): set data.board={board.name}, or train on a "
+            f"dataset built with --board {settings['board']}"
+        )
     puzzles = train.metadata["total_groups"]  # groups: each a base puzzle and its augmentations
     sizes = np.unique(np.diff(train.group_indices))
     if settings["train_puzzles"] != puzzles:

@@ -29,6 +29,7 @@ class ModelConfig:
     hidden_size: int
     num_heads: int
     expansion: float
+    swiglu_multiple: int
     L_layers: int
     H_cycles: int
     L_cycles: int

@@ -15,11 +15,11 @@ def count_params(cfg: ModelConfig) -> int:
     """Trained parameters (what the original logs as num_params): no puzzle embedding, no H/L init."""
     width, length = cfg.hidden_size, cfg.total_len
     if cfg.mlp_t:
-        inner = swiglu_width(length, cfg.expansion)
+        inner = swiglu_width(length, cfg.expansion, cfg.swiglu_multiple)
         mixer = length * 2 * inner + inner * length
     else:
         mixer = width * 3 * width + width * width
-    inner = swiglu_width(width, cfg.expansion)
+    inner = swiglu_width(width, cfg.expansion, cfg.swiglu_multiple)
     block = mixer + width * 2 * inner + inner * width
     heads = cfg.vocab_size * width + width * cfg.vocab_size + (width * 2 + 2)  # embed, lm_head, q_head
     pos = length * width if cfg.pos_encodings == "learned" else 0
@@ -30,12 +30,12 @@ def net_flops(cfg: ModelConfig) -> int:
     """Forward FLOPs of one call of the net (all L_layers blocks) on one sequence."""
     width, length = cfg.hidden_size, cfg.total_len
     if cfg.mlp_t:
-        inner = swiglu_width(length, cfg.expansion)
+        inner = swiglu_width(length, cfg.expansion, cfg.swiglu_multiple)
         mixer = width * (2 * length * 2 * inner + 2 * inner * length)
     else:
         projections = length * (2 * width * 3 * width + 2 * width * width)
         mixer = projections + 2 * (2 * length * length * width)  # QK^T and AV
-    inner = swiglu_width(width, cfg.expansion)
+    inner = swiglu_width(width, cfg.expansion, cfg.swiglu_multiple)
     channel = length * (2 * width * 2 * inner + 2 * inner * width)
     return cfg.L_layers * (mixer + channel)
 
@@ -69,5 +69,5 @@ def mlp_t_recompute_flops_per_example_step(cfg: ModelConfig, L_cycles: int | Non
     if not cfg.mlp_t:
         return 0
     L_cycles = cfg.L_cycles if L_cycles is None else L_cycles
-    inner = swiglu_width(cfg.total_len, cfg.expansion)
+    inner = swiglu_width(cfg.total_len, cfg.expansion, cfg.swiglu_multiple)
     return (L_cycles + 1) * cfg.L_layers * cfg.hidden_size * 2 * cfg.total_len * 2 * inner

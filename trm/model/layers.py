@@ -25,10 +25,11 @@ def trunc_normal(key: jax.Array, shape: tuple[int, ...], std: float) -> jax.Arra
     return jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32) * (std / TRUNC_NORMAL_STD)
 
 
-def swiglu_width(width: int, expansion: float) -> int:
-    """Inner width of a SwiGLU: round(expansion * width * 2/3) rounded up to a multiple of 256."""
+def swiglu_width(width: int, expansion: float, multiple: int) -> int:
+    """Inner width of a SwiGLU: round(expansion * width * 2/3) rounded up to a multiple of `multiple` (the
+    original's 256: arch.swiglu_multiple)."""
     inner = round(expansion * width * 2 / 3)
-    return -(-inner // 256) * 256
+    return -(-inner // multiple) * multiple
 
 
 def rms_norm(x: jax.Array, eps: float, axis: int = -1) -> jax.Array:
@@ -107,8 +108,8 @@ def _leading_contraction(weight: jax.Array, x: jax.Array) -> jax.Array:
 class SwiGLU(nnx.Module):
     """down(silu(gate) * up) over the last axis, with a fused gate|up projection (gate first), no biases."""
 
-    def __init__(self, width: int, expansion: float, *, rngs: nnx.Rngs):
-        inner = swiglu_width(width, expansion)
+    def __init__(self, width: int, expansion: float, multiple: int, *, rngs: nnx.Rngs):
+        inner = swiglu_width(width, expansion, multiple)
         self.gate_up_proj = Linear(width, 2 * inner, rngs=rngs)
         self.down_proj = Linear(inner, width, rngs=rngs)
 
@@ -181,10 +182,10 @@ class Block(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.eps = cfg.rms_norm_eps
         if cfg.mlp_t:
-            self.mlp_t = SwiGLU(cfg.total_len, cfg.expansion, rngs=rngs)
+            self.mlp_t = SwiGLU(cfg.total_len, cfg.expansion, cfg.swiglu_multiple, rngs=rngs)
         else:
             self.self_attn = Attention(cfg.hidden_size, cfg.num_heads, rngs=rngs)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.expansion, rngs=rngs)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.expansion, cfg.swiglu_multiple, rngs=rngs)
 
     def __call__(
         self, h: jax.Array, rope: tuple[jax.Array, jax.Array] | None, *, seq_major: bool = False

@@ -30,7 +30,7 @@ from trm.config import (
 )
 from trm.errors import UserError
 from trm.study.groups import GROUPS_PATH, REFERENCE_GROUP, load_groups, load_references, varies_errors
-from trm.study.scale import SMOKE_POOL, at_scale
+from trm.study.scale import at_scale, scale_of
 
 
 @dataclass(frozen=True)
@@ -168,13 +168,14 @@ def plan_study(
 def config_at_scale(paper: dict, scale: str, source: str) -> dict:
     """The config the study trains for an experiment's resolved (paper) config at `scale`, validated: its hash
     names the run dir. `source` names the experiment file in errors."""
-    if scale == "paper":
+    pool = scale_of(scale).pool
+    if pool is None:
         return paper
     config = validate_config(at_scale(paper, scale), f"{source} at the {scale} scale")
-    if scale == "smoke" and config["data"]["train_puzzles"] > SMOKE_POOL["train"]:
+    if config["data"]["train_puzzles"] > pool.train:
         raise UserError(
             f"{source}: data.train_puzzles {paper['data']['train_puzzles']} needs "
-            f"{config['data']['train_puzzles']} smoke puzzles, more than the pool's {SMOKE_POOL['train']}"
+            f"{config['data']['train_puzzles']} {scale} puzzles, more than the pool's {pool.train}"
         )
     return config
 

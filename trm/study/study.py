@@ -52,6 +52,7 @@ from trm.study.plan import (
     seedless_hash,
     stage_receipt,
 )
+from trm.study.scale import scale_of
 from trm.study.selection import SELECTIONS, reference_set, selection_name
 from trm.study.settings import SourceOf, check_settings, load_schema
 
@@ -146,6 +147,8 @@ class Study:
             self.results if selection is None else os.path.join(self.results, SELECTIONS, selection)
         )
         self.storage = url_join(config["storage"], self.scale)
+        scale = scale_of(self.scale)
+        self.pool, self.test_puzzles = scale.pool, scale.test_puzzles  # the pool: None at the paper scale
         self.test_time_steps: list[int] = config["test_time_steps"][self.scale]
         self.test_time_subset: int | None = config["test_time_subset"][
             self.scale
@@ -358,17 +361,20 @@ class Study:
         return [] if first == exp_id else [self.run_summary(first)]
 
     def dataset_source(self) -> list[str]:
-        """The smoke pool's files (the smoke datasets' input); nothing at the paper scale (a URL or a local path)."""
+        """The pool's files (a local scale's datasets' input); nothing at the paper scale (a URL or a local path)."""
         pool = os.path.join(self.results, "pool")
-        return (
-            [os.path.join(pool, f"{split}.csv") for split in ("train", "test")]
-            if self.scale == "smoke"
-            else []
-        )
+        return [os.path.join(pool, f"{split}.csv") for split in ("train", "test")] if self.pool else []
+
+    def pool_flags(self) -> list:
+        """`trm smoke-pool`'s flags for the scale's pool (its output folder aside)."""
+        pool = self.pool
+        assert pool is not None, "only a local scale has a pool"
+        blanks = [] if pool.blanks is None else ["--blanks", pool.blanks]
+        return ["--board", pool.board, "--train", pool.train, "--test", pool.test, *blanks, "--seed", self.config["seed"]]
 
     def build_flags(self, dataset: str) -> list:
         puzzles, num_aug = parse_dataset_name(dataset)
-        source = os.path.join(self.results, "pool") if self.scale == "smoke" else self.config["source"]
+        source = os.path.join(self.results, "pool") if self.pool else self.config["source"]
         return [
             "--source",
             source,

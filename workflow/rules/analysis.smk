@@ -31,7 +31,7 @@ rule aggregate:
         accelerator=[
             *("--peak-flops", config["accelerator"]["peak_flops"]),
             *("--utilization", config["accelerator"]["utilization"]),
-            *("--test-puzzles", TEST_PUZZLES[config["scale"]]),
+            *("--test-puzzles", study.test_puzzles),
         ],
     log:
         os.path.join(ANALYSIS, "logs", "aggregate.log"),
@@ -57,7 +57,7 @@ rule verdicts:
     params:
         trm=TRM,
         scale=config["scale"],
-        test_puzzles=TEST_PUZZLES[config["scale"]],
+        test_puzzles=study.test_puzzles,
         groups=SELECTED_GROUPS,
         folder=lambda wildcards, output: os.path.dirname(output.json),
     log:

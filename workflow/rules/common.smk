@@ -8,7 +8,6 @@ from snakemake.exceptions import WorkflowError
 from trm.errors import UserError
 from trm.launch.local import one_thread_per_job
 from trm.study import interrupts
-from trm.study.scale import SMOKE_POOL, TEST_PUZZLES
 from trm.study.settings import setting_source
 from trm.study.study import DEFAULT_SETTINGS, TRM, Study
 

@@ -1,25 +1,21 @@
 # Datasets: each distinct (training puzzles, augmentations) is built once, with a record of the checksums of
 # its files (MANIFEST.json), then staged to storage: trm stage refuses files that no longer match the record,
-# and the record becomes the staged copy's manifest. The smoke scale builds from one offline pool of
-# generated puzzles.
+# and the record becomes the staged copy's manifest. A local scale (smoke, mini) builds from one offline pool of
+# generated puzzles on its board (trm/study/scale.py).
 
 
-rule smoke_pool:
+rule puzzle_pool:
     output:
         os.path.join(RESULTS, "pool", "train.csv"),
         os.path.join(RESULTS, "pool", "test.csv"),
     params:
         trm=TRM,
-        train=SMOKE_POOL["train"],
-        test=SMOKE_POOL["test"],
-        blanks=SMOKE_POOL["blanks"],
-        seed=config["seed"],
+        flags=study.pool_flags() if study.pool else [],
         folder=lambda wildcards, output: os.path.dirname(output[0]),
     log:
-        os.path.join(RESULTS, "logs", "smoke_pool.log"),
+        os.path.join(RESULTS, "logs", "puzzle_pool.log"),
     shell:
-        "{params.trm:q} smoke-pool --train {params.train:q} --test {params.test:q} --seed {params.seed:q} "
-        "--blanks {params.blanks:q} --output-dir {params.folder:q} > {log:q} 2>&1"
+        "{params.trm:q} smoke-pool {params.flags:q} --output-dir {params.folder:q} > {log:q} 2>&1"
 
 
 rule build_dataset:
