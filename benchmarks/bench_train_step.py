@@ -118,7 +118,11 @@ class TorchTrainStep:
         arch = load_config(overrides=[f"arch.hidden_size={width}", f"arch.forward_dtype={dtype}"])["arch"]
         cfg = ModelConfig.from_dict(arch, SUDOKU_META)
         self.cfg, self.dtype = cfg, getattr(torch, dtype)
-        length, inner_t, inner_c = cfg.total_len, swiglu_width(cfg.total_len, 4, cfg.swiglu_multiple), swiglu_width(width, 4, cfg.swiglu_multiple)
+        length, inner_t, inner_c = (
+            cfg.total_len,
+            swiglu_width(cfg.total_len, 4, cfg.swiglu_multiple),
+            swiglu_width(width, 4, cfg.swiglu_multiple),
+        )
 
         def weight(fan_in: int, fan_out: int) -> torch.Tensor:
             return (torch.randn(fan_out, fan_in) / math.sqrt(fan_in)).requires_grad_()

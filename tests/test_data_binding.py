@@ -164,7 +164,9 @@ def test_a_runs_data_settings_must_describe_its_train_split(easy_dataset, tmp_pa
     with pytest.raises(
         UserError, match="holds 0 to 4 augmentations per training puzzle .*: train on a dataset built"
     ):
-        fmt.check_data_settings({"board": "9x9", "train_puzzles": 2, "num_aug": 0}, fmt.load_split(uneven, "train"), "URL")
+        fmt.check_data_settings(
+            {"board": "9x9", "train_puzzles": 2, "num_aug": 0}, fmt.load_split(uneven, "train"), "URL"
+        )
 
 
 def test_a_run_dir_is_bound_to_the_content_of_its_dataset(tmp_path, easy_data):

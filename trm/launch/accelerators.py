@@ -62,14 +62,14 @@ def accelerator(name: str) -> Accelerator:
 
 
 def step_config(config: dict) -> dict:
-    """What the compiled train and evaluation steps of a run config depend on: the architecture (but not the
-    exploration probability, an input of the step), the optimizer's kind and EMA, the batch and how it is split.
-    Learning rates, schedules, epochs, seeds and data sizes change constants or the number of steps, not the
-    program's shapes, memory or FLOPs."""
+    """What the compiled train and evaluation steps of a run config depend on: the board (the sequence's length),
+    the architecture (but not the exploration probability, an input of the step), the optimizer's kind and EMA,
+    the batch and how it is split. Learning rates, schedules, epochs, seeds and data sizes change constants or the
+    number of steps, not the program's shapes, memory or FLOPs."""
     arch = {k: v for k, v in config["arch"].items() if k != "halt_exploration_prob"}
     optim = {k: config["optim"][k] for k in ("optimizer", "ema")}
     train = {k: config["train"][k] for k in ("global_batch_size", "micro_batches", "remat")}
-    return {"arch": arch, "optim": optim, "train": train}
+    return {"data": {"board": config["data"]["board"]}, "arch": arch, "optim": optim, "train": train}
 
 
 # The source the compiled steps are built from (the model, the ACT step, loss, optimizers, EMA, the train and

@@ -370,7 +370,17 @@ class Study:
         pool = self.pool
         assert pool is not None, "only a local scale has a pool"
         blanks = [] if pool.blanks is None else ["--blanks", pool.blanks]
-        return ["--board", pool.board, "--train", pool.train, "--test", pool.test, *blanks, "--seed", self.config["seed"]]
+        return [
+            "--board",
+            pool.board,
+            "--train",
+            pool.train,
+            "--test",
+            pool.test,
+            *blanks,
+            "--seed",
+            self.config["seed"],
+        ]
 
     def build_flags(self, dataset: str) -> list:
         puzzles, num_aug = parse_dataset_name(dataset)
