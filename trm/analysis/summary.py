@@ -30,7 +30,6 @@ from trm import storage
 from trm.errors import UserError
 from trm.run import layout
 from trm.study.metrics import SUMMARY_METRICS, TARGET_ACCURACY, TEST_TIME_METRICS
-from trm.train.records import parse_steps
 
 # The keys of a summary (what `summarize` returns): the table refuses a summary without one of them.
 SUMMARY_KEYS = ("config_hash", "devices", *SUMMARY_METRICS, "curve", "test_time")
@@ -93,11 +92,12 @@ def run_metrics(config: dict, records: list[dict], final: dict) -> dict:
     }
 
 
-def _read(run_dir: str, name: str) -> str:
-    url = layout.path(run_dir, name)
-    if not storage.exists(url):
-        raise UserError(f"{url}: missing from a finished run (the trainer writes it before _SUCCESS)")
-    return storage.read_text(url)
+MISSING = "missing from a finished run (the trainer writes it before _SUCCESS)"
+# What to do about a damaged file of a finished run's evaluation: its job evaluates the last checkpoint again.
+REEVALUATE = (
+    "rerun the run's job (snakemake, or the same `trm train`): it evaluates the last checkpoint again and "
+    "rewrites it, without training"
+)
 
 
 def summarize(run_dir: str, test_time_steps: tuple[int, ...]) -> dict:
@@ -107,11 +107,11 @@ def summarize(run_dir: str, test_time_steps: tuple[int, ...]) -> dict:
         raise UserError(
             f"{run_dir}: the run has not finished (no {layout.SUCCESS} marker); its job trains it"
         )
-    config = json.loads(_read(run_dir, layout.CONFIG))
-    records = [json.loads(line) for line in _read(run_dir, layout.METRICS).splitlines() if line.strip()]
-    final = json.loads(_read(run_dir, layout.FINAL))
-    evaluation = json.loads(_read(run_dir, layout.TEST_TIME))
+    config = storage.read_json(layout.path(run_dir, layout.CONFIG), MISSING, layout.RETRAIN)
+    records = storage.read_json_lines(layout.path(run_dir, layout.METRICS), MISSING, layout.RETRAIN)
+    final = storage.read_json(layout.path(run_dir, layout.FINAL), MISSING, REEVALUATE)
     source = layout.path(run_dir, layout.TEST_TIME)
+    evaluation = storage.read_json(source, MISSING, REEVALUATE)
     if evaluation["checkpoint_step"] != final["steps"]:
         raise UserError(
             f"{source}: evaluates the checkpoint of step {evaluation['checkpoint_step']}, but the run finished at "
@@ -147,6 +147,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from trm.train.records import (
+        parse_steps,  # here: the workflow reads summaries at parse time, without numpy
+    )
+
     steps = parse_steps(args.test_time_steps, "--test-time-steps")
     summary = summarize(args.run_dir, steps)
     storage.write_text(args.output, json.dumps(summary, indent=2, sort_keys=True) + "\n")

@@ -41,7 +41,7 @@ from trm.analysis.judge import (
     samples_by_experiment,
 )
 from trm.analysis.uncertainty import INCONCLUSIVE, NO_DATA, NO_SIGNAL, NOT_SUPPORTED, SUPPORTED
-from trm.errors import UserError
+from trm.errors import UserError, number
 from trm.study.groups import load_groups
 from trm.study.metrics import CELL_FALLBACK
 from trm.study.scale import SCALES
@@ -301,7 +301,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scale", required=True, choices=SCALES, help="the scale the runs were trained at")
     parser.add_argument(
         "--test-puzzles",
-        type=int,
+        type=number(int, minimum=1),
         required=True,
         help="test puzzles of one final evaluation (as for aggregate)",
     )

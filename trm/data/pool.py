@@ -19,18 +19,20 @@ import numpy as np
 from trm import storage
 from trm.data.generate import generate_puzzles
 from trm.data.sudoku import Puzzles
-from trm.errors import UserError
+from trm.errors import number
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--train", type=int, required=True, help="puzzles in train.csv")
-    parser.add_argument("--test", type=int, required=True, help="further, distinct puzzles in test.csv")
-    parser.add_argument("--seed", type=int, default=0, help="generator seed (default: 0)")
+    parser.add_argument("--train", type=number(int, minimum=1), required=True, help="puzzles in train.csv")
+    parser.add_argument(
+        "--test", type=number(int, minimum=1), required=True, help="further, distinct puzzles in test.csv"
+    )
+    parser.add_argument("--seed", type=number(int, minimum=0), default=0, help="generator seed (default: 0)")
     parser.add_argument(
         "--blanks",
-        type=int,
+        type=number(int, minimum=1, maximum=64),
         default=None,
-        help="blank cells per puzzle, 1-64: the difficulty (default: minimal puzzles, about 55-64 blanks)",
+        help="blank cells per puzzle, 1-64 (no puzzle with a unique solution has more): the difficulty (default: minimal puzzles, about 55-64 blanks)",
     )
     parser.add_argument("--output-dir", required=True, help="folder to write train.csv and test.csv into")
 
@@ -53,16 +55,8 @@ def write_csv(path: Path, puzzles: Puzzles) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    for flag, value in (("--train", args.train), ("--test", args.test)):
-        if value < 1:
-            raise UserError(f"{flag} must be >= 1, got {value}")
-    if args.blanks is not None and not 1 <= args.blanks <= 64:
-        raise UserError(
-            f"--blanks must be 1 to 64 (no puzzle with a unique solution has more), got {args.blanks}"
-        )
     puzzles = generate_puzzles(args.train + args.test, args.seed, args.blanks)
-    output = Path(args.output_dir)
-    output.mkdir(parents=True, exist_ok=True)
+    output = Path(args.output_dir)  # made by the first write, whose refusal names it (storage.local_writer)
     write_csv(output / "train.csv", puzzles.take(np.arange(args.train)))
     write_csv(output / "test.csv", puzzles.take(np.arange(args.train, len(puzzles))))
     difficulty = "minimal puzzles" if args.blanks is None else f"{args.blanks} blanks each"

@@ -21,8 +21,6 @@ A run dir is a local path, file:// or gs:// URL; the study names it by its confi
 
 from __future__ import annotations
 
-import json
-
 from trm import storage
 from trm.config import config_hash, dump_config, validate_config
 from trm.errors import UserError
@@ -41,6 +39,10 @@ FINAL = "final.json"
 PROVENANCE = "provenance.json"
 SUCCESS = "_SUCCESS"
 
+# What to do about a damaged file that only training makes: config.json (which ties the checkpoints to their
+# config) and metrics.jsonl (the training's figures).
+RETRAIN = "restore it from a copy, or delete the run dir and train the run again"
+
 
 def path(run_dir: str, name: str) -> str:
     """The URL of file `name` (one of the names above) in `run_dir`."""
@@ -57,7 +59,7 @@ def finished(run_dir: str) -> bool:
 
 def read_config(url: str) -> dict:
     """The resolved config at `url` (a config.json), validated; UserError naming the file when it is not one."""
-    config = storage.read_json(url, "config file not found")
+    config = storage.read_json(url, "config file not found", RETRAIN)
     return validate_config(config, source=url)
 
 
@@ -66,7 +68,10 @@ def stored_config_hash(run_dir: str) -> str | None:
     url = path(run_dir, CONFIG)
     if not storage.exists(url):
         return None
-    return config_hash(json.loads(storage.read_text(url)))
+    config = storage.read_json(url, "missing", RETRAIN)
+    if not isinstance(config, dict):
+        raise storage.DamagedFile(f"{url}: not a config (a JSON object); {RETRAIN}")
+    return config_hash(config)
 
 
 def claim(run_dir: str, config: dict, own: str, write: bool = True) -> None:

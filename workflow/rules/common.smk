@@ -5,6 +5,7 @@ import sys
 
 from snakemake.exceptions import WorkflowError
 
+from trm.analysis.aggregate import repair_summaries
 from trm.errors import UserError
 from trm.launch.local import one_thread_per_job
 from trm.study import interrupts
@@ -26,12 +27,15 @@ try:
         workflow.source_path("../schemas/config.schema.yaml"),
         reporting=any(arg == "--report" or arg.startswith("--report=") for arg in sys.argv[1:]),
     )
+    print(study.costs.summary(), file=sys.stderr)
+    if study.placeholder_storage:  # a dry run reaches no storage; a real run refuses before its first job
+        print(f"warning: {study.placeholder_storage} (needed before a real run)", file=sys.stderr)
+    study.write_jobs()
+    # A damaged run summary looks done to Snakemake: removed, its run is summarised again (never retrained).
+    for line in repair_summaries([study.run_summary(exp) for exp in study.plan], workflow.dryrun):
+        print(f"note: {line}", file=sys.stderr)
 except UserError as err:
     raise WorkflowError(str(err)) from None
-print(study.costs.summary(), file=sys.stderr)
-if study.placeholder_storage:  # a dry run reaches no storage; a real run refuses before its first job
-    print(f"warning: {study.placeholder_storage} (needed before a real run)", file=sys.stderr)
-study.write_jobs()
 # XLA's CPU work on one thread per job, set in Snakemake's environment, which every job inherits (not in the
 # commands: a changed command would make Snakemake rerun finished jobs).
 one_thread_per_job()
