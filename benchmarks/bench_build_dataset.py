@@ -33,7 +33,8 @@ SHARED_CSV = (
 def build_vectorised(source: Path, out: Path, puzzles: int, num_aug: int) -> None:
     from trm.cli import main as trm
 
-    argv = ["build-dataset", "--source", str(source), "--test-source", str(source), "--output-dir", str(out)]
+    # One file, split by the seed into train (80%, subsampled) and test: a dataset holds each puzzle once.
+    argv = ["build-dataset", "--source", str(source), "--output-dir", str(out)]
     if trm([*argv, "--subsample-size", str(puzzles), "--num-aug", str(num_aug)]) != 0:
         raise SystemExit("trm build-dataset failed")
 
@@ -87,9 +88,12 @@ def build_loop(source: Path, out: Path, puzzles: int, num_aug: int) -> None:
     with gzip.open(source, "rt", newline="") if source.suffix == ".gz" else open(source, newline="") as f:
         rows = [(row["question"], row["answer"]) for row in csv.DictReader(f)]
     rng = np.random.default_rng(0)
-    train = [rows[i] for i in rng.choice(len(rows), size=puzzles, replace=False)]
+    order = rng.permutation(len(rows))
+    # Disjoint splits, as the vectorised build's: a fifth of the rows test, the train puzzles from the rest.
+    test = [rows[i] for i in sorted(order[: max(1, len(rows) // 5)])]
+    train = [rows[i] for i in order[len(test) :][:puzzles]]
     _loop_split(train, num_aug, rng, out / "train")
-    _loop_split(rows, 0, rng, out / "test")
+    _loop_split(test, 0, rng, out / "test")
     (out / "identifiers.json").write_text('["<blank>"]')
 
 
@@ -141,8 +145,9 @@ def main() -> None:
         if not source.exists():
             from trm.data.generate import generate_puzzles
 
-            print(f"{SHARED_CSV} not found: generating {args.puzzles} puzzles", file=sys.stderr)
-            generated = generate_puzzles(args.puzzles, seed=0)
+            count = args.puzzles * 5 // 4 + 1  # --puzzles of them in the train split, 80% of the file
+            print(f"{SHARED_CSV} not found: generating {count} puzzles", file=sys.stderr)
+            generated = generate_puzzles(count, seed=0)
             source = Path(tmp) / "generated.csv"
             lines = ["source,question,answer,rating"] + [
                 f"gen,{''.join(str(v) if v else '.' for v in q)},{''.join(map(str, a))},{r}"

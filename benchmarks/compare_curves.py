@@ -46,7 +46,10 @@ def main() -> None:
         cells = []
         for key in TRAIN_KEYS:
             theirs = statistics.fmean(r[f"train/{key}"] for r in window) if window else float("nan")
-            cells.append(f"{record[key]:7.4f}|{theirs:7.4f}")
+            ours_value = (
+                float("nan") if record[key] is None else record[key]
+            )  # None: no row halted in the window
+            cells.append(f"{ours_value:7.4f}|{theirs:7.4f}")
         print(f"{step:6d} " + " ".join(f"{c:>15}" for c in cells))
     print("\nevaluation on the test split (ours | original)")
     print(f"{'step':>6} " + " ".join(f"{k:>15}" for k in EVAL_KEYS))

@@ -1,5 +1,5 @@
-"""`trm aggregate`: the table reads each experiment's summary (`trm summarize`) and the training job's benchmark; its
-metric columns are the registry's (trm/study/metrics.py), in its order."""
+"""`trm aggregate`: the table reads each experiment's summary (`trm summarize`), its costs included; its metric
+columns are the registry's (trm/study/metrics.py), in its order."""
 
 from __future__ import annotations
 
@@ -25,10 +25,9 @@ EXPERIMENTS = ("exp01a", "exp01c", "exp04a_1000")  # the last two share one run 
 def results(tmp_path: Path) -> Path:
     planned = study(tmp_path, {"experiments": list(EXPERIMENTS)})
     accuracy = {exp_id: 0.1 * n for n, exp_id in enumerate(EXPERIMENTS)}
-    # The job that only summarised a shared run (the last) is short.
-    return finished_runs(
-        planned, accuracy, {exp_id: 3600.0 * (n + 1) for n, exp_id in enumerate(EXPERIMENTS)}
-    )
+    # The last two share one run: `trm summarize` gives both its wall time.
+    wall = dict(zip(EXPERIMENTS, (3600.0, 3 * 3600.0, 3 * 3600.0), strict=True))
+    return finished_runs(planned, accuracy, wall)
 
 
 def aggregate(results: Path, output: Path) -> int:
@@ -42,12 +41,13 @@ def test_the_table_is_the_summaries_metrics_in_the_registrys_order(results):
     assert aggregate(results, output) == 0
     table = pd.read_csv(f"{output}.csv")
     columns = list(table.columns)
-    assert columns[:8] == ["id", "group", "baseline", "varied", "config_hash", "seed", "run", "config_key"]
-    assert tuple(columns[:8]) == RUN_TABLE_COLUMNS  # what the plots and the verdicts require of a table
-    assert columns[8 : 8 + len(RUN_METRICS)] == list(RUN_METRICS)
+    identity = ["id", "group", "baseline", "varied", "config_hash", "seed", "run", "config_key"]
+    assert columns[:9] == [*identity, "weights_sha256"]
+    assert tuple(columns[:9]) == RUN_TABLE_COLUMNS  # what the plots and the verdicts require of a table
+    assert columns[9 : 9 + len(RUN_METRICS)] == list(RUN_METRICS)
     summaries = [f"{m}_{suffix}" for m in SUMMARY_METRICS for suffix in SUMMARY_FIELDS]
     # then the config keys groups plot, then each summary metric's per-experiment uncertainty
-    assert all("." in key for key in columns[8 + len(RUN_METRICS) : -len(summaries)])
+    assert all("." in key for key in columns[9 + len(RUN_METRICS) : -len(summaries)])
     assert columns[-len(summaries) :] == summaries
     assert list(table["seed"]) == [plan_study("smoke", [e])[0].config["train"]["seed"] for e in EXPERIMENTS]
     assert list(table["test_exact_accuracy"]) == pytest.approx([0.0, 0.1, 0.2])
@@ -55,7 +55,7 @@ def test_the_table_is_the_summaries_metrics_in_the_registrys_order(results):
     unmeasured = ("test_exact_accuracy", "epochs_to_85pct")
     assert all(table.loc[0, key] == summary[key] for key in SUMMARY_METRICS if key not in unmeasured)
     assert table["epochs_to_85pct"].isna().all() and list(table["epochs_to_85pct_n"]) == [0, 0, 0]
-    # The shared run reports the wall time of the job that trained it; accelerator-hours use the run's devices.
+    # The shared run reports its own wall time; accelerator-hours use the run's devices.
     assert list(table["wall_time_s"]) == [3600.0, 3 * 3600.0, 3 * 3600.0]
     assert list(table["accelerator_hours"]) == [2.0, 6.0, 6.0]
     assert (table["parameter_count"] > 0).all() and (table["effective_depth"] > 0).all()
@@ -139,3 +139,19 @@ def test_each_runs_config_is_its_job_files(results, capsys):
     assert aggregate(results, results / "t") == 2
     err = capsys.readouterr().err
     assert f"{job}: the job of config {'0' * 12}, not {config_hash}: rerun snakemake" in err
+
+
+def test_a_collected_runs_cost_is_the_runs_own_not_the_collecting_jobs(results):
+    """The issue's case: a job that only collected a run lasted 0.32 s (Snakemake's benchmark of it), and the table
+    reported that as the run's wall time. It reports the run's own, from its summary, and the accelerator-hours
+    from it."""
+    for exp_id in EXPERIMENTS:
+        benchmark = results / "benchmarks" / "train" / f"{exp_id}.tsv"
+        benchmark.parent.mkdir(parents=True, exist_ok=True)
+        benchmark.write_text("s\th:m:s\n0.32\t0:00:00\n")  # the collecting job, as Snakemake records it
+    path = results / "runs/exp01a.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "wall_time_s": 60.5}))
+    assert aggregate(results, results / "t") == 0
+    table = pd.read_csv(results / "t.csv")
+    assert table.loc[0, "wall_time_s"] == 60.5
+    assert table.loc[0, "accelerator_hours"] == pytest.approx(60.5 * 2 / 3600)  # 2 devices

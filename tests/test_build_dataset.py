@@ -171,14 +171,16 @@ def test_single_file_split_and_test_source(tmp_path, generated, small_csv):
 
 def test_min_difficulty_keeps_rated_puzzles(tmp_path, generated):
     train_csv = write_csv(tmp_path / "train.csv", generated)
-    threshold = int(np.median(generated.ratings))
+    held_out = generate_puzzles(6, seed=98)  # other puzzles: a dataset holds each puzzle in one split
+    test_csv = write_csv(tmp_path / "test.csv", held_out)
+    threshold = min(int(np.median(generated.ratings)), int(held_out.ratings.max()))
     out = tmp_path / "ds"
     assert (
         build(
             "--source",
             str(train_csv),
             "--test-source",
-            str(train_csv),
+            str(test_csv),
             "--min-difficulty",
             str(threshold),
             "--output-dir",
@@ -187,6 +189,7 @@ def test_min_difficulty_keeps_rated_puzzles(tmp_path, generated):
         == 0
     )
     kept = generated.questions[generated.ratings >= threshold] + 1
+    assert 0 < len(kept) < len(generated)
     np.testing.assert_array_equal(read_split(out, "train")["inputs"], kept)
 
 
@@ -291,8 +294,10 @@ def test_existing_output_needs_force(tmp_path, small_csv, capsys):
     (out / "keep.txt").write_text("mine")
     assert build("--source", str(small_csv), "--output-dir", str(out)) == 2
     assert "already exists" in capsys.readouterr().err and (out / "keep.txt").exists()
-    assert build("--source", str(small_csv), "--output-dir", str(out), "--force") == 0
-    assert not (out / "keep.txt").exists() and (out / "train" / "dataset.json").exists()
+    # --force replaces only a dataset trm build-dataset made (tests/test_data_binding.py): not this folder.
+    assert build("--source", str(small_csv), "--output-dir", str(out), "--force") == 2
+    assert "holds no MANIFEST.json" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["keep.txt"] and (out / "keep.txt").read_text() == "mine"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "puzzles.csv"]
 
 

@@ -35,6 +35,11 @@ from trm.study.groups import load_groups
             "criteria[1]: unknown field 'tolerence' for check",
         ),
         ("        value: 0.854\n", "", "criteria[0]: check 'at_least' needs exactly one of 'reference'"),
+        (  # a criterion never compares a member with itself
+            "members: [exp01a]\n        reference: [exp01c]",
+            "members: [exp01c]\n        reference: [exp01c]",
+            "criteria[2]: reference: 'exp01c' would be compared with itself only; name another member",
+        ),
         (
             "    how_to_read: >-\n      Test exact accuracy against parameter",
             "    how_to_read: >-\n      Test",

@@ -24,7 +24,7 @@ from workflow_support import add_references, copy_workflow
 from trm.config import dump_config
 from trm.run import distributed, layout
 from trm.run.state import read_run
-from trm.study.plan import plan_study
+from trm.study.plan import plan_study, stage_receipt
 
 pytestmark = [pytest.mark.workflow, pytest.mark.slow]
 
@@ -86,7 +86,9 @@ def study(tmp_path_factory) -> Study:
     experiment = plan_study("smoke", [EXPERIMENT], experiments_dir=experiments, groups_path=groups)[0]
     dataset = "p{train_puzzles}-a{num_aug}".format(**experiment.config["data"])
     stage = subprocess.run(
-        Study(root, "", "", Path(), Path()).snakemake(f"results/smoke/staged/{dataset}.txt"),
+        Study(root, "", "", Path(), Path()).snakemake(
+            stage_receipt("results/smoke", "results/storage/smoke", dataset)
+        ),
         cwd=root,
         capture_output=True,
         text=True,

@@ -18,7 +18,7 @@ import pytest
 
 from trm import cli, storage
 from trm.data import stage as stage_module
-from trm.data.manifest import MANIFEST_NAME, STAGING_MARKER, write_build_record
+from trm.data.manifest import MANIFEST_NAME, STAGING_MARKER, Manifest, read_build_record, write_build_record
 from trm.data.stage import stage_dataset
 from trm.data.verify import fetch_dataset, find_problems, verify_dataset
 from trm.errors import UserError
@@ -116,7 +116,7 @@ def test_restage_changed_content(dataset: Path, dest: str, tmp_path: Path):
     (dataset / "train" / "labels.npy").unlink()  # removed: must disappear from storage
     (dataset / "extra.txt").write_text("new file")  # added
     write_build_record(dataset)  # as a rebuild would
-    summary = stage_dataset(dataset, dest)
+    summary = stage_dataset(dataset, dest, replace=True)  # another dataset now: replaced only when asked
     assert (summary["uploaded_files"], summary["skipped_files"], summary["deleted_files"]) == (2, 3, 1)
     assert storage.list_files(dest) == sorted([*source_files(dataset), MANIFEST_NAME])
     verify_dataset(dest, download=True)
@@ -141,7 +141,7 @@ def test_interrupted_staging_leaves_no_manifest_and_rerun_completes(
     real_upload = stage_module._upload
     monkeypatch.setattr(stage_module, "_upload", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        stage_dataset(dataset, dest)
+        stage_dataset(dataset, dest, replace=True)
     monkeypatch.undo()
     assert storage.exists(storage.join(dest, "a-new-file.txt"))
 
@@ -153,7 +153,7 @@ def test_interrupted_staging_leaves_no_manifest_and_rerun_completes(
     # The file the interrupted run added is its own: removing it from the source deletes it from storage.
     (dataset / "a-new-file.txt").unlink()
     write_build_record(dataset)
-    summary = stage_dataset(dataset, dest)
+    summary = stage_dataset(dataset, dest, replace=True)  # not the dataset the interrupted run was staging
     assert summary["manifest_written"] and summary["uploaded_files"] == 1 and summary["deleted_files"] == 1
     assert run_cli(["verify", dest], capsys)[0] == 0
     assert storage.list_files(dest) == sorted([*source_files(dataset), MANIFEST_NAME])
@@ -198,6 +198,55 @@ def test_stage_refuses_a_destination_holding_files_it_did_not_write(dataset: Pat
     assert storage.read_text(storage.join(other, "test", "notes.txt")) == "mine"
 
 
+def test_stage_refuses_another_dataset_without_replace(dataset: Path, dest: str, tmp_path: Path, capsys):
+    """The issue's case: staging a different dataset onto a URL that holds one replaced it silently, under the runs
+    trained on it. Now it is refused in one line, and nothing at the destination changes; --replace replaces it."""
+    stage_dataset(dataset, dest)
+    before = {rel: storage.read_bytes(storage.join(dest, rel)) for rel in storage.list_files(dest)}
+    other = make_dataset(tmp_path / "other", seed=1)
+    old, new = Manifest.from_json((dataset / MANIFEST_NAME).read_text(), "a"), read_build_record(other)
+    code, out, err = run_cli(["stage", str(other), dest], capsys)
+    assert code == 2 and not out and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert (
+        f"{dest} holds another dataset (manifest {old.hash[:16]}, not {other}'s {new.hash[:16]}); runs trained on "
+        "it are bound to it: stage to a new destination, or pass --replace to replace it"
+    ) in err
+    assert {rel: storage.read_bytes(storage.join(dest, rel)) for rel in storage.list_files(dest)} == before
+
+    # An interrupted staging of `other` (its marker names it, the old manifest is gone): staging the first dataset
+    # there is a replacement too.
+    storage.write_text(
+        storage.join(dest, STAGING_MARKER),
+        json.dumps({"files": sorted(set(before) - {MANIFEST_NAME}), "manifest_sha256": new.hash}),
+    )
+    fs, root = storage.filesystem(dest)
+    fs.rm_file(f"{root}/{MANIFEST_NAME}")
+    with pytest.raises(UserError, match=f"holds another dataset \\(manifest {new.hash[:16]}"):
+        stage_dataset(dataset, dest)
+
+    code, out, _ = run_cli(["stage", str(other), dest, "--replace"], capsys)
+    assert code == 0 and f"manifest {new.hash[:16]}" in out
+    assert verify_dataset(dest) == new
+    assert stage_dataset(other, dest)["uploaded_files"] == 0  # the same dataset again: nothing to replace
+
+
+def test_fetch_replaces_only_its_own_damaged_copy(dataset: Path, dest: str, tmp_path: Path, capsys):
+    """A folder of someone else's where the cached copy goes is refused in one line and left as it is."""
+    stage_dataset(dataset, dest)
+    manifest = verify_dataset(dest)
+    cache = tmp_path / "cache"
+    target = cache / f"sudoku-small-{manifest.hash[:16]}"
+    target.mkdir(parents=True)
+    (target / "mine.txt").write_text("mine")
+    with pytest.raises(
+        UserError, match=f"{target} is in the way of the copy of .* not a dataset copy trm fetched"
+    ):
+        fetch_dataset(dest, cache)
+    assert [p.name for p in target.iterdir()] == ["mine.txt"] and sorted(p.name for p in cache.iterdir()) == [
+        target.name
+    ]
+
+
 def test_killed_stage_leaves_no_manifest_and_rerun_completes(tmp_path: Path, dest: str, capsys):
     """A real interruption: SIGKILL `trm stage` mid-upload, once the first changed file is stored."""
     src, shards = tmp_path / "big", 32
@@ -214,7 +263,8 @@ def test_killed_stage_leaves_no_manifest_and_rerun_completes(tmp_path: Path, des
     # Files are uploaded in sorted order; poll the first one until its new content has arrived.
     first_url = storage.join(dest, "train", "shard00.bin")
     first_md5 = hashlib.md5((src / "train" / "shard00.bin").read_bytes()).hexdigest()
-    proc = subprocess.Popen([sys.executable, "-m", "trm.cli", "stage", str(src), dest], cwd=REPO_ROOT)
+    command = [sys.executable, "-m", "trm.cli", "stage", str(src), dest, "--replace"]
+    proc = subprocess.Popen(command, cwd=REPO_ROOT)
     deadline = time.monotonic() + 60
     while proc.poll() is None and time.monotonic() < deadline:
         try:
@@ -232,7 +282,7 @@ def test_killed_stage_leaves_no_manifest_and_rerun_completes(tmp_path: Path, des
     with pytest.raises(UserError, match="MANIFEST.json not found"):
         fetch_dataset(dest, tmp_path / "cache")
 
-    summary = stage_dataset(src, dest)
+    summary = stage_dataset(src, dest)  # completing the interrupted replacement needs no --replace again
     assert summary["manifest_written"] and 1 <= summary["uploaded_files"] < shards
     verify_dataset(dest, download=True)
     assert source_files(fetch_dataset(dest, tmp_path / "cache")).items() >= source_files(src).items()
@@ -290,7 +340,7 @@ def test_fetch_reuses_cache_and_refetches_when_dataset_changes(dataset: Path, de
 
     (dataset / "dataset.json").write_text('{"seq_len": 81, "changed": true}')
     write_build_record(dataset)
-    stage_dataset(dataset, dest)
+    stage_dataset(dataset, dest, replace=True)
     second = fetch_dataset(dest, cache)
     assert second != first and (second / "dataset.json").read_text() == '{"seq_len": 81, "changed": true}'
     assert source_files(second).items() >= source_files(dataset).items()

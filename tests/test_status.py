@@ -192,3 +192,19 @@ def test_experiment_status_and_scale_refuse_bad_input(tmp_path, capsys):
     assert "no profile folder with a config.yaml" in capsys.readouterr().err
     assert trm(["config", "exp01a", "--resolved", "--scale", "smoke"]) == 2
     assert "a resolved config is already at its scale" in capsys.readouterr().err
+
+
+def test_a_runs_elapsed_time_adds_up_every_attempt_from_its_commands_start(tmp_path):
+    """status.json's elapsed_s (final.json's wall_time_s, the run's cost) counts each attempt from its command's
+    start, and a resumed attempt adds to what the earlier ones recorded, a killed one up to its last write."""
+    run_dir = str(tmp_path / "run")
+    first = runstate.TrainerStatus(run_dir, writer=True, attempt_start=time.time() - 10.0)
+    first.write("running", step=10)  # then killed: its last write says 10 s
+    second = runstate.TrainerStatus(run_dir, writer=True, attempt_start=time.time() - 5.0)
+    assert second.elapsed() == pytest.approx(15.0, abs=1.0)
+    second.write("finished", step=20)
+    status = runstate.read_run(run_dir).status
+    assert status["attempt"] == 2 and status["elapsed_s"] == pytest.approx(15.0, abs=1.0)
+    assert (
+        runstate.TrainerStatus(run_dir, writer=False).elapsed() < 1.0
+    )  # another host knows no earlier attempt

@@ -91,7 +91,16 @@ def test_no_test_module_imports_another():
     assert not wrong, wrong
 
 
-RUN_FILES = ("config.json", "_SUCCESS", "final.json", "status.json", "launch.json", "metrics.jsonl", "ckpt")
+RUN_FILES = (
+    "config.json",
+    "data.json",
+    "_SUCCESS",
+    "final.json",
+    "status.json",
+    "launch.json",
+    "metrics.jsonl",
+    "ckpt",
+)
 
 
 def test_only_the_layout_module_names_the_files_of_a_run_dir():

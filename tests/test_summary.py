@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from trm import storage
-from trm.analysis.summary import REEVALUATE, SUMMARY_KEYS, _pooled_variance, run_metrics
+from trm.analysis.summary import REEVALUATE, SUMMARY_KEYS, _pooled_variance, run_metrics, weights_digest
 from trm.cli import main as trm_main
 from trm.run import layout
 from trm.study.metrics import SUMMARY_METRICS, TEST_TIME_METRICS
@@ -50,7 +50,8 @@ def finished_run(root: str, counts: tuple[int, ...] = (16, 32), success: bool = 
     ]
     records.append(evals[1])
     final = {"config_hash": "abc", "devices": 4, "steps": 400, "epochs": 40.0, "test": evals[-1],
-             "best_test": best_evaluation(records)}  # fmt: skip
+             "best_test": best_evaluation(records), "params_sha256": "p" * 64, "ema_sha256": "e" * 64,
+             "wall_time_s": 60.5}  # fmt: skip
     # A newer trainer may add fields (e.g. the subset evaluated): the summary ignores what it does not read.
     evaluation = {"checkpoint_step": 400, "weights": "ema", "subset": None,
                   "results": [_result(k, 0.8 - k / 1000) for k in counts]}  # fmt: skip
@@ -79,13 +80,14 @@ def test_a_finished_run_is_summarised_from_storage(storage_root, tmp_path):
     # What identifies the run and what it measured; not its config, whose copy outside the run dir is its job file.
     assert sorted(summary) == sorted(SUMMARY_KEYS)
     assert (summary["config_hash"], summary["devices"]) == ("abc", 4)
+    assert summary["weights_sha256"] == weights_digest({"params_sha256": "p" * 64, "ema_sha256": "e" * 64})
     assert summary["test_exact_accuracy"] == 0.8 and summary["test_cell_accuracy"] == 0.9
     assert summary["test_cell_accuracy_puzzle_sd"] == 0.05
     best = (summary["best_test_exact_accuracy"], summary["best_test_epoch"], summary["best_test_puzzles"])
     assert best == (0.82, 20.0, 8192)
-    # The last eval interval (epochs 30 to 40) holds the train records of steps 350 and 400; throughput is the
-    # median of the records after the first.
-    assert summary["mean_halt_steps"] == pytest.approx((np.mean([3, 16, 7]) + 3) / 2)
+    # The last eval interval (epochs 30 to 40) holds the train records of steps 350 and 400: the halt steps are
+    # those of their rows; throughput is the median of the records after the first.
+    assert summary["mean_halt_steps"] == pytest.approx(np.mean([3, 16, 7, 2, 4]))
     assert summary["halt_steps_variance"] == pytest.approx(np.var([3, 16, 7, 2, 4]))
     assert summary["examples_per_second"] == 110.0 and summary["step_time_s"] == 8 / 110.0
     assert summary["train_test_gap"] == pytest.approx(0.5 - 0.8) and summary["epochs_to_85pct"] is None
@@ -196,3 +198,29 @@ def test_best_evaluation_is_the_highest_and_the_latest_among_equals():
     assert best_evaluation(records) == {k: v for k, v in records[-1].items() if k not in ("kind", "split")}
     assert best_evaluation(records[:4])["step"] == 200
     assert best_evaluation([{"kind": "train", "step": 1}]) is None
+
+
+def test_a_runs_wall_time_is_its_own_whichever_job_collects_it(tmp_path):
+    """A job that only collects a finished run (another controller trained it, or a rerun after a full disk) takes
+    a second; the summary reports the run's own wall time over all its attempts (final.json), and for a run
+    finished by a trainer that did not record it there, status.json's elapsed time."""
+    run = finished_run(str(tmp_path / "storage"))
+    assert summarize(run, tmp_path / "a.json") == 0
+    assert json.loads((tmp_path / "a.json").read_text())["wall_time_s"] == 60.5
+    final = json.loads(storage.read_text(storage.join(run, "final.json")))
+    del final["wall_time_s"]
+    storage.write_text(storage.join(run, "final.json"), json.dumps(final))
+    storage.write_text(storage.join(run, "status.json"), json.dumps({"state": "finished", "elapsed_s": 58.0}))
+    assert summarize(run, tmp_path / "b.json") == 0
+    assert json.loads((tmp_path / "b.json").read_text())["wall_time_s"] == 58.0
+    storage.write_text(storage.join(run, "status.json"), "{")  # damaged: not measured
+    assert summarize(run, tmp_path / "c.json") == 0
+    assert json.loads((tmp_path / "c.json").read_text())["wall_time_s"] is None
+
+
+def test_the_weights_digest_tells_bit_identical_runs_apart():
+    final = {"params_sha256": "p" * 64, "ema_sha256": "e" * 64}
+    assert weights_digest(final) == weights_digest(dict(final))
+    assert weights_digest({**final, "ema_sha256": "f" * 64}) != weights_digest(final)  # another EMA rate
+    assert weights_digest({**final, "ema_sha256": None}) != weights_digest(final)
+    assert weights_digest({}) is None

@@ -260,8 +260,11 @@ def test_trm_train_fine_tunes_an_imported_run_dir(tmp_path):
     assert trm(["build-dataset", "--source", str(tmp_path / "p.csv"), "--num-aug", "1", "--output-dir", str(tmp_path / "d")]) == 0  # fmt: skip
     assert trm(["stage", str(tmp_path / "d"), f"file://{tmp_path / 'staged'}"]) == 0
 
-    config = _config(
-        **{"arch.L_layers": 1, "train.epochs": 1, "train.eval_interval": 1, "train.eval_subset": 4}
+    config = (
+        _config(  # the data settings of the dataset above: 16 of its 20 puzzles train, 1 augmentation each
+            **{"data.train_puzzles": 16, "data.num_aug": 1, "arch.L_layers": 1, "train.epochs": 1}
+            | {"train.eval_interval": 1, "train.eval_subset": 4}
+        )
     )
     model = ModelTemplate(_model_cfg(config), seed=8)
     start = _float32_start_states(np.random.default_rng(8), model.cfg.hidden_size)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,10 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny_run import TINY, set_flags, tiny_config
+from tiny_run import TINY, TRAINED, build_dataset, easy_csv, set_flags, stage, tiny_config
 
 from trm.cli import main as trm
 from trm.config import BASE_CONFIG
+from trm.data.board import Board
+from trm.data.format import read_metadata
 from trm.run.state import read_run
 
 pytestmark = pytest.mark.slow
@@ -85,7 +88,8 @@ def test_kill_and_preemption_resume_exactly(easy_data, tmp_path):
     run = tmp_path / "interrupted"
     cmd = _train_cmd(easy_data, run, tmp_path / "cache", RESUME)
     # status.json after each stop: a killed trainer leaves "running" (lost once its heartbeat is stale), a
-    # preempted one says so.
+    # preempted one says so. Its elapsed time adds up the attempts.
+    elapsed = [0.0]
     for sig, expected_rc, trainer_state in (
         (signal.SIGKILL, -signal.SIGKILL, "running"),
         (signal.SIGTERM, 42, "preempted"),
@@ -109,12 +113,20 @@ def test_kill_and_preemption_resume_exactly(easy_data, tmp_path):
         assert state.status["state"] == trainer_state
         assert state.state == trainer_state
         assert 0 < state.status["step"] < 120 and state.status["total_steps"] == 120
+        assert state.status["elapsed_s"] > elapsed[-1]
+        elapsed.append(state.status["elapsed_s"])
         if trainer_state == "running":
             assert read_run(str(run), now=time.time() + 3600, stale_after_s=600).state == "lost"
 
+    started = time.time()
     finished = _run(cmd)
+    last_attempt = time.time() - started
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert "resuming from step" in finished.stderr
+    # The run's cost is every attempt's, not the last one's: final.json's wall time, which the summary reports.
+    wall = _final(run)["wall_time_s"]
+    assert elapsed[-1] < wall <= elapsed[-1] + last_attempt
+    assert wall <= read_run(str(run)).status["elapsed_s"]  # written just before the last status
     assert _final(run)["params_sha256"] == _final(reference)["params_sha256"]
     assert _final(run)["ema_sha256"] == _final(reference)["ema_sha256"]
     assert _final(run)["test"] == _final(reference)["test"]
@@ -132,7 +144,14 @@ def test_kill_and_preemption_resume_exactly(easy_data, tmp_path):
     assert without_speed(_records(run)) == without_speed(records)
 
 
-def test_a_tiny_model_learns(easy_data, tmp_path):
+def test_a_tiny_model_learns_a_6x6_board(tmp_path):
+    # Any board's dataset trains unchanged (its seq_len and vocab come from dataset.json); 6x6 learns faster than
+    # the other tests' 9x9 puzzles.
+    six = Board.of_size(6)
+    easy_csv(tmp_path / "easy.csv", puzzles=60, blanks=6, seed=0, board=six)
+    built = build_dataset(tmp_path / "easy.csv", tmp_path / "built", num_aug=4, board=six)
+    assert read_metadata(built, "test")["seq_len"] == 36
+    easy_data = stage(built, f"file://{tmp_path / 'staged'}")
     run = tmp_path / "learn"
     extra = {
         "arch.hidden_size": 64,
@@ -154,7 +173,7 @@ def test_a_tiny_model_learns(easy_data, tmp_path):
         assert 1 <= record["steps"] <= halt_max
         assert 0 <= record["steps_variance"] <= (halt_max - 1) ** 2 / 4
     assert any(record["steps_variance"] > 0 for record in train)  # rows halt at different steps
-    # Chance is 1/9 per cell; copying the givens alone is not enough to be exact on unseen test puzzles.
+    # Chance is 1/6 per cell; copying the givens alone is not enough to be exact on unseen test puzzles.
     assert _final(run)["test"]["accuracy"] > 0.6
 
 
@@ -255,6 +274,58 @@ def test_run_dir_refuses_a_different_config(easy_data, tmp_path):
     assert done.returncode == 2
     assert "config.json" in done.stderr and "--run-dir" in done.stderr
     assert os.listdir(run) == ["config.json"]  # the other config's run dir: no failed status written there
+
+
+def test_data_settings_the_dataset_does_not_have_are_refused_before_training(easy_data, tmp_path, capsys):
+    """The issue's `trm train --set data.train_puzzles=100` on a smaller dataset trained, and its config.json said
+    100: now one line names the setting and the dataset, and nothing trains (the run dir says why, as for any
+    failure while setting up)."""
+    run = tmp_path / "run"
+    for key, value, message in (
+        (
+            "data.train_puzzles",
+            100,
+            "data.train_puzzles is 100, but the dataset at {} holds 48 training puzzles",
+        ),
+        (
+            "data.num_aug",
+            7,
+            "data.num_aug is 7, but the dataset at {} holds 4 augmentations per training puzzle",
+        ),
+    ):
+        short = {"train.epochs": 1, "train.eval_interval": 1}  # what it would train: 6 steps
+        command = _train_cmd(easy_data, run / key, tmp_path / "cache", {**short, key: value})
+        assert trm(command[3:]) == 2
+        err = capsys.readouterr().err
+        assert f"trm train: error: {message.format(easy_data)}" in err and "Traceback" not in err, err
+        assert sorted(p.name for p in (run / key).iterdir()) == ["config.json", "logs", "status.json"]
+        assert "UserError: " + message.format(easy_data) in read_run(str(run / key)).detail
+
+
+def test_a_run_refuses_to_resume_on_another_dataset(trained, tmp_path, capsys):
+    """The issue's resume with another --data continued from the checkpoint, under the first config's hash: the
+    run dir records its dataset (data.json), and `trm train` and `trm launch` refuse another one in one line,
+    writing nothing in the run dir."""
+    run = Path(shutil.copytree(trained["run"], tmp_path / "run"))
+    bound = json.loads((run / "data.json").read_text())
+    assert bound["url"] == trained["staged"]
+    other = tmp_path / "other"  # the same puzzles and settings, another seed: other content
+    build = ["build-dataset", "--source", str(trained["csv"]), "--num-aug", "4", "--seed", "4"]
+    assert trm([*build, "--output-dir", str(other)]) == 0
+    other_url = stage(other, f"file://{tmp_path / 'staged'}")
+    before = {p.relative_to(run).as_posix(): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    run_args = ["--config", str(BASE_CONFIG), "--data", other_url, "--run-dir", str(run), *set_flags(TRAINED)]
+    for command in (["train", *run_args, "--cache-dir", str(tmp_path / "cache")], ["launch", *run_args]):
+        capsys.readouterr()
+        assert trm(command) == 2
+        err = capsys.readouterr().err
+        assert (
+            f"{run}/data.json: this run trains on the dataset {bound['manifest_sha256'][:16]} staged at "
+            f"{trained['staged']}, not on "
+        ) in err and f"at --data {other_url}: resume it on its own dataset, or use a new --run-dir" in err
+        assert "Traceback" not in err, err
+        after = {p.relative_to(run).as_posix(): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+        assert after == before
 
 
 def test_a_run_that_fails_before_training_is_marked_failed_with_its_reason(tmp_path):

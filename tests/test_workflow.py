@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from snakemake.settings.types import (
     DAGSettings,
     OutputSettings,
     Quietness,
+    RerunTrigger,
     ResourceSettings,
 )
 from workflow_support import estimates
@@ -35,11 +37,13 @@ REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
 
-def planned_jobs(
-    workdir: Path, config: dict | None = None, targets: set[str] | None = None
-) -> collections.Counter:
-    """Dry-run the workflow; count the jobs that would run, per kind, from the files they would write."""
+def dry_run(
+    workdir: Path, config: dict | None = None, targets: set[str] | None = None, triggers: set | None = None
+) -> list[Path]:
+    """The files a run of the workflow would write (a dry run through the Snakemake API), as paths below
+    `workdir`; `triggers`: Snakemake's rerun triggers (default: all of them)."""
     updated: list[str] = []
+    rerun = {"rerun_triggers": triggers} if triggers else {}
     with SnakemakeApi(OutputSettings(quiet={Quietness.ALL})) as api:
         workflow = api.workflow(
             resource_settings=ResourceSettings(cores=2),
@@ -47,16 +51,23 @@ def planned_jobs(
             snakefile=workdir / "Snakefile",
             workdir=workdir,
         )
-        workflow.dag(DAGSettings(targets=targets or set())).execute_workflow(
+        workflow.dag(DAGSettings(targets=targets or set(), **rerun)).execute_workflow(
             executor="dryrun", updated_files=updated
         )
+    return [Path(path) for path in updated]
+
+
+def planned_jobs(
+    workdir: Path, config: dict | None = None, targets: set[str] | None = None, triggers: set | None = None
+) -> collections.Counter:
+    """Dry-run the workflow; count the jobs that would run, per kind, from the files they would write."""
     kinds = collections.Counter()
-    for path in map(Path, updated):
+    for path in dry_run(workdir, config, targets, triggers):
         if path.parent.name == "runs" and path.suffix == ".json":
             kinds["train"] += 1
         elif path.parent.name == "datasets":
             kinds["build_dataset"] += 1
-        elif path.parent.name == "staged":
+        elif "staged" in path.parts:
             kinds["stage_dataset"] += 1
         elif path.parent.name == "plots" and path.suffix == ".png":
             kinds["plot_group"] += 1
@@ -122,6 +133,28 @@ def test_dry_run_prints_estimated_training_and_evaluation_hours_per_job(workdir)
     extra = sum(training[job] + evaluation[job] for job in replicates)
     assert study["replicates"].startswith("  replicates: 2 runs (more seeds: replicates.smoke), ")
     assert float(study["replicates"].split("), ")[1].split()[0]) == pytest.approx(extra, rel=1e-3)
+
+
+def test_a_change_of_storage_stages_the_datasets_there_again(workdir):
+    """The issue: after a change of `storage=` (`results=` kept), the stage receipt still stood for the other
+    storage's copy, nothing was staged, and training failed with "no dataset is staged". A receipt's path now
+    names the storage it stands for, so a new storage stages again, and its runs train there, whatever Snakemake
+    remembers of earlier runs (here nothing, and file times are its only trigger)."""
+    target, mtime = {"results/smoke/runs/exp01c.json"}, {RerunTrigger.MTIME}
+    first = {"experiments": ["exp01c"], "storage": str(workdir / "first")}
+    # What a run with the first storage leaves (its summary aside), each file newer than its inputs.
+    written = [p for p in dry_run(workdir, first, target) if p.parent.name != "runs"]
+    order = ("pool", "datasets")  # then the receipt, in a folder of its own below staged/
+    for age, path in enumerate(
+        sorted(written, key=lambda p: order.index(p.parent.name) if p.parent.name in order else 2)
+    ):
+        path = workdir / path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir() if path.parent.name == "datasets" else path.write_text("")
+        os.utime(path, (1e9 + age, 1e9 + age))
+    assert planned_jobs(workdir, first, target, mtime) == {"train": 1}
+    moved = {**first, "storage": str(workdir / "second")}
+    assert planned_jobs(workdir, moved, target, mtime) == {"stage_dataset": 1, "train": 1}
 
 
 # ------------------------------------------------------------------------------------------------ bad input

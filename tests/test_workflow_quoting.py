@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from trm.launch.job import read_job
-from trm.study.plan import plan_study
+from trm.study.plan import plan_study, stage_receipt
 
 pytestmark = pytest.mark.workflow
 
@@ -126,7 +126,7 @@ def test_real_run_of_the_dataset_stages_runs_no_injected_command(workdir, tmp_pa
     storage = "out/s;touch PWNED;echo"
     results = "res $(touch PWNED2) `touch PWNED3` x"
     dataset = plan_study("smoke", ["exp01a"])[0].dataset
-    receipt = f"{results}/smoke/staged/{dataset}.txt"
+    receipt = stage_receipt(f"{results}/smoke", f"{storage}/smoke", dataset)
     done = snakemake(
         workdir, "--cores", "1", receipt, "--config", f"storage={storage}", f"results={results}", timeout=600
     )

@@ -203,11 +203,16 @@ def test_build_dataset_into_a_read_only_or_full_place_fails_in_one_line(tmp_path
     _one_error_line(done, f"cannot write {folder / 'ds'}: Permission denied")
     folder.chmod(0o755)
     # A full disk while the arrays are written: the half-built folder is removed, the old dataset kept.
-    (folder / "ds").mkdir()
-    (folder / "ds" / "old.txt").write_text("old")
-    done = _trm([*build, str(folder / "ds"), "--force"], _files_up_to(1000))
+    assert _trm([*build, str(folder / "ds")]).returncode == 0  # the old dataset (--force replaces only those)
+    old = {
+        p.relative_to(folder).as_posix(): p.read_bytes() for p in (folder / "ds").rglob("*") if p.is_file()
+    }
+    done = _trm([*build, str(folder / "ds"), "--force", "--seed", "1"], _files_up_to(1000))
     _one_error_line(done, f"cannot write {folder / 'ds'}: File too large; free some space")
-    assert _entries(folder) == ["ds"] and _entries(folder / "ds") == ["old.txt"]
+    assert _entries(folder) == ["ds"]
+    assert {
+        p.relative_to(folder).as_posix(): p.read_bytes() for p in (folder / "ds").rglob("*") if p.is_file()
+    } == old
 
 
 WRITE_A_RUN_DIR = """

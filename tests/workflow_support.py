@@ -124,14 +124,16 @@ def groups_file(tmp_path: Path, old: str, new: str) -> Path:
     return path
 
 
-def _summary(config_hash: str, accuracy: float) -> dict:
+def _summary(config_hash: str, accuracy: float, wall_s: float) -> dict:
     """A summary as `trm summarize` writes it: the run's config hash and results (its config is its job file's)."""
     # Distinct values; a fraction stays one.
     metrics = {key: float(n) / (100 if is_fraction(key) else 1) for n, key in enumerate(SUMMARY_METRICS)}
     return {
         "config_hash": config_hash,
         "devices": 2,
+        "weights_sha256": f"weights-of-{config_hash}",
         **metrics,
+        "wall_time_s": wall_s,
         "test_exact_accuracy": accuracy,
         "epochs_to_85pct": None,  # never reached: not measured
         "curve": [{"epoch": 1.0, "count": 32, "test_exact_accuracy": accuracy, "test_cell_accuracy": 0.5}],
@@ -141,23 +143,20 @@ def _summary(config_hash: str, accuracy: float) -> dict:
 
 def finished_runs(planned: Study, accuracy: dict[str, float], wall_s: dict[str, float]) -> Path:
     """The study's results folder as its jobs leave it for the table: each run's job file (written at parse time,
-    `Study.write_jobs`), and per run id its summary and its training job's benchmark."""
+    `Study.write_jobs`), and per run id its summary (`wall_s`: its run's wall time)."""
     planned.write_jobs()
     results = Path(planned.results)
     for run_id, value in accuracy.items():
         path = results / "runs" / f"{run_id}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(_summary(planned.plan[run_id].hash, value)))
-        benchmark = results / "benchmarks" / "train" / f"{run_id}.tsv"
-        benchmark.parent.mkdir(parents=True, exist_ok=True)
-        benchmark.write_text(f"s\th:m:s\n{wall_s[run_id]}\t1:00:00\n")
+        path.write_text(json.dumps(_summary(planned.plan[run_id].hash, value, wall_s[run_id])))
     return results
 
 
 def runs_table(rows: pd.DataFrame, group: str = "g") -> pd.DataFrame:
     """`rows` (one per run: its `id` and the metrics a test sets) as `trm aggregate` writes its runs table: with
     each of RUN_TABLE_COLUMNS it lacks (group `group`, not a baseline, an id's rows its seeds 0, 1, ... of one
-    configuration, the id) and each of RUN_METRICS it lacks, not measured (empty)."""
+    configuration, the id, each run's weights its own) and each of RUN_METRICS it lacks, not measured (empty)."""
     table = rows.copy()
     if "seed" not in table:
         table["seed"] = table.groupby("id").cumcount()
@@ -167,6 +166,7 @@ def runs_table(rows: pd.DataFrame, group: str = "g") -> pd.DataFrame:
         "varied": table["id"],
         "config_key": table["id"],
         "config_hash": [f"{exp}-{seed}" for exp, seed in zip(table["id"], table["seed"], strict=True)],
+        "weights_sha256": [f"{exp}-{seed}" for exp, seed in zip(table["id"], table["seed"], strict=True)],
         "run": [
             exp if seed == 0 else f"{exp}~s{seed}"
             for exp, seed in zip(table["id"], table["seed"], strict=True)

@@ -5,19 +5,18 @@ r"""Gather every run of the study into one table, the evaluation curves and test
 
 Reads, per run id (an experiment id, or EXP~sK for its replicate k), RESULTS/runs/<id>.json (the run's summary,
 `trm summarize`: its config hash and measured results), the job file that hash names, RESULTS/jobs/<hash>.json
-(trm/launch/job.py: the run's resolved config, its one copy outside the run dir, read once per run), and
-RESULTS/benchmarks/train/<id>.tsv (Snakemake's benchmark of the training job: wall time). Writes OUTPUT.csv
-(one row per run: its experiment `id` (replicates EXP~sK of experiment EXP are rows of EXP, told
+(trm/launch/job.py: the run's resolved config, its one copy outside the run dir, read once per run). Writes
+OUTPUT.csv (one row per run: its experiment `id` (replicates EXP~sK of experiment EXP are rows of EXP, told
 apart by `seed` and `run`), group, varied keys, config hash, seed,
-run id and `config_key` (the hash of the config without train.seed: equal for the replicates of one configuration,
-which the noise floor pools), then the metrics of trm/study/metrics.py's RUN_METRICS in that order, then the config
+run id, `config_key` (the hash of the config without train.seed: equal for the replicates of one configuration,
+which the noise floor pools) and `weights_sha256` (the summary's digest of its final weights), then the metrics of trm/study/metrics.py's RUN_METRICS in that order, then the config
 keys the groups plot, then for each metric of SUMMARY_METRICS its experiment's mean, sd, n, 95% interval and the
 interval's source: columns {metric}_mean, _sd, _n, _low, _high, _interval, the same on every row of the experiment;
 docs/statistics.md explains them), OUTPUT-curves.csv (test accuracy per evaluation during training) and
 OUTPUT-test-time.csv (test accuracy per number of supervision steps at test time, one row per run and step count),
-both with the experiment's `id` and the `run`. Accelerator-hours are measured wall hours x the devices the run
-trained on (experiments with equal configs share one run and report the wall time of the job that trained it); the
-estimate column uses the FLOPs model of trm.study.estimate at the given peak FLOP/s and utilization.
+both with the experiment's `id` and the `run`. Accelerator-hours are the run's measured wall hours (its summary's
+wall time, over all its attempts, whichever job collected it; experiments with equal configs share the run and its
+figures) x the devices the run trained on; the estimate column uses the FLOPs model of trm.study.estimate at the given peak FLOP/s and utilization.
 """
 
 from __future__ import annotations
@@ -42,7 +41,19 @@ if TYPE_CHECKING:  # pandas is imported where a table is made, so `trm aggregate
 
 # `run` tells an experiment's seeds apart: EXP, or EXP~sK for its replicate k.
 # The runs table's columns before its metrics: which run a row is, and what its seeds are replicates of.
-RUN_TABLE_COLUMNS = ("id", "group", "baseline", "varied", "config_hash", "seed", "run", "config_key")
+# `weights_sha256`: the summary's digest of the run's final weights, equal only for bit-identical runs (the verdicts
+# report a treatment whose runs are its reference's as having had no effect).
+RUN_TABLE_COLUMNS = (
+    "id",
+    "group",
+    "baseline",
+    "varied",
+    "config_hash",
+    "seed",
+    "run",
+    "config_key",
+    "weights_sha256",
+)
 TEST_TIME_COLUMNS = ("id", "run", "group", "baseline", *TEST_TIME_METRICS)
 CURVE_COLUMNS = ("id", "run", "group", *CURVE_METRICS)
 
@@ -90,15 +101,6 @@ def _config_of(results: Path, config_hash: str) -> dict:
     return job.run.config
 
 
-def _wall_seconds(path: Path) -> float:
-    """Wall time of the last attempt recorded in a Snakemake benchmark file (column `s`)."""
-    if not path.exists():
-        raise UserError(f"{path}: missing benchmark of the training job")
-    import pandas as pd
-
-    return float(pd.read_csv(path, sep="\t")["s"].iloc[-1])
-
-
 def aggregate(
     ids: list[str],
     results: Path,
@@ -139,15 +141,15 @@ def aggregate(
         flops = training_flops(config, costs) + evaluation_flops(
             config, costs, test_puzzles, evaluated_steps, summary["devices"]
         )
-        wall = _wall_seconds(results / "benchmarks" / "train" / f"{run_id}.tsv")
         arch = config["arch"]
         computed = {  # the table's own metrics (RUN_METRICS with source "table"); the rest are the summary's
             "parameter_count": costs["parameter_count"],
             "train_flops_per_example_step": costs["train_flops_per_example_step"],
             "run_flops": flops,
             "effective_depth": arch["H_cycles"] * (arch["L_cycles"] + 1) * arch["L_layers"],
-            "wall_time_s": wall,
-            "accelerator_hours": wall * summary["devices"] / 3600.0,
+            "accelerator_hours": None  # the run's own wall time, over all its attempts (trm summarize)
+            if summary["wall_time_s"] is None
+            else summary["wall_time_s"] * summary["devices"] / 3600.0,
             "estimated_accelerator_hours": accelerator_hours(flops, peak_flops, utilization),
         }
         values = {**computed, **{key: summary[key] for key in SUMMARY_METRICS}}
@@ -162,6 +164,7 @@ def aggregate(
                 "seed": config_value(config, "train.seed"),  # replicates of one experiment differ only here
                 "run": run_id,
                 "config_key": seedless_hash(config),  # equal for the replicates of one configuration
+                "weights_sha256": summary["weights_sha256"],
                 **{key: values[key] for key in RUN_METRICS},
                 **{key: config_value(config, key) for key in plot_keys},
             }
@@ -174,9 +177,6 @@ def aggregate(
     import pandas as pd
 
     table = pd.DataFrame(rows)
-    # Experiments sharing a config share one run: the job that trained it holds the run's wall time.
-    for column in ("wall_time_s", "accelerator_hours"):
-        table[column] = table.groupby("config_hash")[column].transform("max")
     # scipy (through judge) is imported here too, and judge imports the plots, which import this module.
     from trm.analysis.judge import add_summaries, noise_floors, reference_ids
 

@@ -9,7 +9,13 @@ The check kinds as claims about differences (d = member - reference, each member
     within          |d| <= tolerance                    monotonic  each step against `direction` <= tolerance
     best_is_one_of  some candidate is clearly at least every other member (not supported: some other member is
                     clearly above every candidate); at most and below where lower is better (trm/study/metrics.py)
-A reference of several members is the one with the highest mean (its selection is not corrected for).
+A reference of several members is the one with the highest mean (its selection is not corrected for), other than
+the member judged: a criterion never compares a member with itself. A member of its own reference is judged
+against the highest of the others, and `within` then reads "at most tolerance below it" (d >= -tolerance): a
+member above every other is within 0 of the highest, itself.
+Two members whose runs are the same runs (every run of one has a run of the other with the same trained weights,
+the summary's weights_sha256, and the same value) measured no difference: the treatment did not act at this
+scale, and the difference is `no effect at this scale`, whatever the other seeds' spread.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from trm.analysis.uncertainty import (
     AT_MOST,
     INCONCLUSIVE,
     NO_DATA,
+    NO_EFFECT,
     NO_SIGNAL,
     NOT_SUPPORTED,
     SUPPORTED,
@@ -31,6 +38,7 @@ from trm.analysis.uncertainty import (
     NoiseFloor,
     Summary,
     judge,
+    no_effect,
     no_signal,
     noise_floor,
     summarize,
@@ -76,6 +84,15 @@ def samples_by_configuration(
     noise floor must not count twice (pass it to uncertainty.noise_floor)."""
     rows = table[table["id"].isin(list(ids))].drop_duplicates([config_column, run_column])
     return {str(k): _floats(values) for k, values in rows.groupby(config_column, sort=False)[metric]}
+
+
+def weights_by_experiment(table, id_column: str = "id", column: str = "weights_sha256") -> dict[str, list]:
+    """One list of its runs' weight digests per experiment id, in the order of samples_by_experiment's values
+    (None where a run has none)."""
+    return {
+        str(k): [None if isinstance(w, float) and w != w else str(w) for w in rows]  # w != w: NaN, empty
+        for k, rows in table.groupby(id_column, sort=False)[column]
+    }
 
 
 def puzzle_sds(table, metric: str, id_column: str = "id") -> dict[str, float | None]:
@@ -159,43 +176,80 @@ def needed_members(criterion: dict, group: dict) -> list[str]:
     return list(dict.fromkeys(criterion["members"] + criterion.get("reference", [])))
 
 
-def _compare(criterion: dict, summaries: dict[str, Summary]) -> list[tuple[str, str, Judgement]]:
-    """(a, b, judgement of a - b) for every difference the criterion reads, in the criterion's order."""
+def same_runs(a: Sequence[tuple], b: Sequence[tuple]) -> bool:
+    """Whether two members' runs, each (weights digest, value), are the same runs: every run of the one with
+    fewer is a run of the other, with the same trained weights and the same value. Runs without a digest are no
+    run's."""
+    runs_a, runs_b = ({run for run in side if run[0] is not None} for side in (a, b))
+    if len(runs_a) < len(a) or len(runs_b) < len(b) or not runs_a or not runs_b:
+        return False
+    return runs_a <= runs_b or runs_b <= runs_a
+
+
+class _Judge:
+    """Judges a - b for two members, or a member against a fixed figure; `runs`: each member's (weights digest,
+    value) per run, to tell that two members' runs are the same (same_runs)."""
+
+    def __init__(self, summaries: dict[str, Summary], runs: Mapping[str, Sequence[tuple]]) -> None:
+        self.summaries = summaries
+        self.runs = runs
+
+    def __call__(self, claim: str, bound: float, a: str, b: str | float) -> Judgement:
+        if isinstance(b, float):
+            return judge(claim, bound, self.summaries[a], b)
+        if same_runs(self.runs.get(a, ()), self.runs.get(b, ())):
+            return no_effect(claim, bound)
+        return judge(claim, bound, self.summaries[a], self.summaries[b])
+
+
+def _compare(criterion: dict, judged: _Judge) -> list[tuple[str, str, Judgement]]:
+    """(a, b, judgement of a - b) for every difference the criterion reads, in the criterion's order; never a
+    member against itself (the module docstring)."""
     kind = criterion["check"]
     if kind == "monotonic":
         tolerance = criterion.get("tolerance", 0)
         steps = itertools.pairwise(criterion["members"])
         if criterion["direction"] == "increasing":  # a fall from a to b is a - b
-            return [(a, b, judge(AT_MOST, tolerance, summaries[a], summaries[b])) for a, b in steps]
-        return [(b, a, judge(AT_MOST, tolerance, summaries[b], summaries[a])) for a, b in steps]
-    if "value" in criterion:
-        b, reference = f"{criterion['value']:g}", float(criterion["value"])
-    else:
-        b = max(criterion["reference"], key=lambda m: summaries[m].mean)
-        reference = summaries[b]
+            return [(a, b, judged(AT_MOST, tolerance, a, b)) for a, b in steps]
+        return [(b, a, judged(AT_MOST, tolerance, b, a)) for a, b in steps]
     claim = {"at_least": AT_LEAST, "at_most": AT_MOST, "within": WITHIN}[kind]
     bound = criterion["tolerance"] if kind == "within" else criterion.get("margin", 0)
-    return [(a, b, judge(claim, bound, summaries[a], reference)) for a in criterion["members"]]
+    if "value" in criterion:
+        value = float(criterion["value"])
+        return [(a, f"{value:g}", judged(claim, bound, a, value)) for a in criterion["members"]]
+    compared = []
+    for a in criterion["members"]:
+        others = [m for m in criterion["reference"] if m != a]
+        b = max(others, key=lambda m: judged.summaries[m].mean)
+        # A member of its own reference: within the tolerance of the highest of the others, or above it.
+        own = claim == WITHIN and a in criterion["reference"]
+        compared.append((a, b, judged(AT_LEAST, -bound, a, b) if own else judged(claim, bound, a, b)))
+    return compared
 
 
 def _all_of(compared: list[tuple[str, str, Judgement]]) -> str:
+    """Not supported when any difference is; otherwise inconclusive when any is; otherwise no effect when a
+    treatment did not act; supported when every difference is."""
     verdicts = [j.verdict for _, _, j in compared]
-    if NOT_SUPPORTED in verdicts:
-        return NOT_SUPPORTED
-    return SUPPORTED if all(v == SUPPORTED for v in verdicts) else INCONCLUSIVE
+    for outcome in (NOT_SUPPORTED, INCONCLUSIVE, NO_EFFECT):
+        if outcome in verdicts:
+            return outcome
+    return SUPPORTED
 
 
-def _best_is_one_of(criterion: dict, group: dict, summaries: dict[str, Summary]) -> tuple[str, list]:
+def _best_is_one_of(criterion: dict, group: dict, judged: _Judge) -> tuple[str, list]:
     """Best: the highest, or the lowest where lower is better (trm/study/metrics.py)."""
     candidates = criterion["members"]
     others = [m for m in group["members"] if m not in candidates]
     claim = AT_LEAST if RUN_METRICS[criterion["metric"]].higher_is_better else AT_MOST
-    pairs = {(c, o): judge(claim, 0, summaries[c], summaries[o]) for c in candidates for o in others}
+    pairs = {(c, o): judged(claim, 0, c, o) for c in candidates for o in others}
     compared = [(c, o, j) for (c, o), j in pairs.items()]
     if any(all(pairs[c, o].verdict == SUPPORTED for o in others) for c in candidates):
         return SUPPORTED, compared
     if any(all(pairs[c, o].verdict == NOT_SUPPORTED for c in candidates) for o in others):
         return NOT_SUPPORTED, compared
+    if compared and all(j.verdict == NO_EFFECT for _, _, j in compared):
+        return NO_EFFECT, compared
     return INCONCLUSIVE, compared
 
 
@@ -222,7 +276,7 @@ def _comparison(a: str, b: str, j: Judgement) -> dict:
         "b": b,
         "claim": j.claim,
         "bound": j.bound,
-        "difference": d.value,
+        "difference": _plain(d.value),
         "low": _plain(d.low),
         "high": _plain(d.high),
         "df": _plain(d.df),
@@ -242,17 +296,21 @@ def judge_criterion(
     floor: NoiseFloor | None,
     test_puzzles: int | None = None,
     sds: Mapping[str, float | None] | None = None,
+    weights: Mapping[str, Sequence[str | None]] | None = None,
 ) -> dict:
     """One criterion judged on every run of its members (`samples`: the criterion's metric per member id, one
     value per seed; `floor`: the metric's noise floor; `test_puzzles`: the test split's size, for the sampling
-    interval of single runs; `sds`: a one-run member's per-puzzle sd of the metric, `puzzle_sds`). Returns
-    verdict, detail (one line), the summaries of the members read and every difference judged, as plain data
+    interval of single runs; `sds`: a one-run member's per-puzzle sd of the metric, `puzzle_sds`; `weights`: the
+    weight digests of each member's runs, in the order of `samples`, `weights_by_experiment`). Returns verdict,
+    detail (one line), the summaries of the members read and every difference judged, as plain data
     (JSON-ready)."""
     metric = criterion["metric"]
     members = needed_members(criterion, group)
     puzzles = sampling_puzzles(metric, test_puzzles)
     sds = sds or {}
     summaries = {m: summarize(samples.get(m, ()), floor, puzzles, sds.get(m)) for m in members}
+    runs = {m: list(zip(weights[m], samples[m], strict=True)) for m in members if weights and m in weights}
+    judged = _Judge(summaries, runs)
     result = {
         "metric": metric,
         "summaries": {m: _summary(s) for m, s in summaries.items()},
@@ -261,14 +319,14 @@ def judge_criterion(
     missing = [m for m, s in summaries.items() if s.n == 0]
     if missing:
         return {**result, "verdict": NO_DATA, "detail": f"{metric} not measured: {', '.join(missing)}"}
-    if no_signal(samples[m] for m in members):
+    if criterion["check"] == "best_is_one_of":
+        verdict, compared = _best_is_one_of(criterion, group, judged)
+    else:
+        compared = _compare(criterion, judged)
+        verdict = _all_of(compared)
+    if verdict != NO_EFFECT and no_signal(samples[m] for m in members):
         value = summaries[members[0]].mean
         return {**result, "verdict": NO_SIGNAL, "detail": f"{metric} is {value:g} for every run read"}
-    if criterion["check"] == "best_is_one_of":
-        verdict, compared = _best_is_one_of(criterion, group, summaries)
-    else:
-        compared = _compare(criterion, summaries)
-        verdict = _all_of(compared)
     unit, unit_name = (POINT, "points") if is_fraction(metric) else (1.0, "")
     undecided = [c for c in compared if c[2].verdict == INCONCLUSIVE]
     if verdict == INCONCLUSIVE and undecided:

@@ -9,30 +9,35 @@ evaluates only the missing counts. Experiments sharing a run (one config hash) e
 
 The summary holds what identifies the run and what it measured, not its config (the table reads that from the run's
 job file, RESULTS/SCALE/jobs/<hash>.json, trm/launch/job.py: its one copy outside the run dir): the config hash
-(final.json's, which names that file and the run dir), the devices that trained it, then its metrics, computed with
-the run dir's config.json (trm/study/metrics.py says what each
-means): the final figures are the trainer's last evaluation on the full test split (EMA weights when EMA is on);
-the best_test_* figures are its best evaluation (final.json `best_test`), usually on a subset. Train-side figures
-come from metrics.jsonl: mean halt steps and train exact accuracy average the train records of the last
-evaluation interval, and the halt-step variance pools their rows; throughput is the median over train records
-after the first (which includes compilation). `curve` is the test accuracy of each evaluation during training;
-`test_time` the final evaluation (test_time.json, from the checkpoint the run finished with) at each
---test-time-steps count.
+(final.json's, which names that file and the run dir), the devices that trained it, a digest of the weights it
+finished with (equal only for runs that trained bit-identically: the verdicts see a treatment that did not act),
+then its metrics, computed with the run dir's config.json (trm/study/metrics.py says what each means): the final
+figures are the trainer's last evaluation on the full test split (EMA weights when EMA is on); the best_test_*
+figures are its best evaluation (final.json `best_test`), usually on a subset. Train-side figures come from
+metrics.jsonl: mean halt steps, train exact accuracy and the halt-step variance are taken over the rows (training
+examples that halted) that the train records of the last evaluation interval counted, each record weighted by its
+count (a record that counted none adds nothing); throughput is the median over train records after the first
+(which includes compilation). The wall time is the run's over all its attempts (final.json, which the trainer
+keeps from status.json), not that of the job that collected it. `curve` is the test accuracy of each evaluation
+during training; `test_time` the final evaluation (test_time.json, from the checkpoint the run finished with) at
+each --test-time-steps count.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
 
 from trm import storage
 from trm.errors import UserError
 from trm.run import layout
+from trm.run.state import read_run
 from trm.study.metrics import SUMMARY_METRICS, TARGET_ACCURACY, TEST_TIME_METRICS
 
 # The keys of a summary (what `summarize` returns): the table refuses a summary without one of them.
-SUMMARY_KEYS = ("config_hash", "devices", *SUMMARY_METRICS, "curve", "test_time")
+SUMMARY_KEYS = ("config_hash", "devices", "weights_sha256", *SUMMARY_METRICS, "curve", "test_time")
 
 
 def select_counts(evaluation: dict, counts: tuple[int, ...], source: str) -> list[dict]:
@@ -49,19 +54,44 @@ def select_counts(evaluation: dict, counts: tuple[int, ...], source: str) -> lis
     return [by_count[count] for count in counts]
 
 
+def _counted(records: list[dict]) -> tuple[list[dict], int]:
+    """The train records that counted a row (an example that halted in their window), and the rows they count.
+    A record of a window in which no example halted (a window shorter than the halt limit, with no early halt)
+    measured no row: its figures are null (0 from trainers before this one) and carry no weight."""
+    counted = [r for r in records if r["count"] > 0]
+    return counted, sum(r["count"] for r in counted)
+
+
+def _row_mean(records: list[dict], key: str) -> float | None:
+    """The mean of `key` over every row counted in `records` (each record's figure is the mean over its `count`
+    rows, so records weigh by their counts); None when no row was counted."""
+    counted, count = _counted(records)
+    return sum(r["count"] * r[key] for r in counted) / count if count else None
+
+
 def _pooled_variance(records: list[dict]) -> float | None:
     """Variance of the halt steps over all rows counted in `records` (train records with count, steps and
     steps_variance); None when no row was counted."""
-    count = sum(r["count"] for r in records)
-    if count <= 0:  # no record, or no row halted in these windows (short runs of few puzzles)
+    counted, count = _counted(records)
+    if not count:  # no record, or no row halted in these windows (short runs of few puzzles)
         return None
-    mean = sum(r["count"] * r["steps"] for r in records) / count
-    second = sum(r["count"] * (r["steps_variance"] + r["steps"] ** 2) for r in records) / count
+    mean = _row_mean(counted, "steps")
+    second = sum(r["count"] * (r["steps_variance"] + r["steps"] ** 2) for r in counted) / count
     return max(second - mean * mean, 0.0)
 
 
-def run_metrics(config: dict, records: list[dict], final: dict) -> dict:
-    """The metrics of SUMMARY_METRICS of one run, from its config, metrics.jsonl records and final.json."""
+def weights_digest(final: dict) -> str | None:
+    """One digest of the weights a run finished with: of final.json's params_sha256 and ema_sha256 (null without
+    EMA). Equal for two runs only when they trained bit-identically; None when final.json has no digest."""
+    if final.get("params_sha256") is None:
+        return None
+    weights = f"{final['params_sha256']} {final.get('ema_sha256')}"
+    return hashlib.sha256(weights.encode()).hexdigest()[:16]
+
+
+def run_metrics(config: dict, records: list[dict], final: dict, status: dict | None = None) -> dict:
+    """The metrics of SUMMARY_METRICS of one run, from its config, metrics.jsonl records and final.json; the wall
+    time of a run finished by a trainer that did not record it in final.json from its status.json (`status`)."""
     train = [r for r in records if r["kind"] == "train"]
     evals = [r for r in records if r["kind"] == "eval"]
     interval = config["train"]["eval_interval"]
@@ -70,7 +100,7 @@ def run_metrics(config: dict, records: list[dict], final: dict) -> dict:
     examples_per_second = statistics.median(rates) if rates else None
     reached = [r["epoch"] for r in evals if r["exact_accuracy"] >= TARGET_ACCURACY]
     test, best = final["test"], final["best_test"]
-    train_exact = statistics.fmean(r["exact_accuracy"] for r in last_interval) if last_interval else None
+    train_exact = _row_mean(last_interval, "exact_accuracy")
     return {
         "test_exact_accuracy": test["exact_accuracy"],
         "best_test_exact_accuracy": best["exact_accuracy"],
@@ -80,7 +110,7 @@ def run_metrics(config: dict, records: list[dict], final: dict) -> dict:
         "test_cell_accuracy_puzzle_sd": test["accuracy_puzzle_sd"],
         "train_exact_accuracy": train_exact,
         "train_test_gap": None if train_exact is None else train_exact - test["exact_accuracy"],
-        "mean_halt_steps": statistics.fmean(r["steps"] for r in last_interval) if last_interval else None,
+        "mean_halt_steps": _row_mean(last_interval, "steps"),
         "halt_steps_variance": _pooled_variance(last_interval),
         "examples_per_second": examples_per_second,
         "step_time_s": config["train"]["global_batch_size"] / examples_per_second
@@ -89,6 +119,8 @@ def run_metrics(config: dict, records: list[dict], final: dict) -> dict:
         "epochs_to_85pct": min(reached) if reached else None,
         "steps": final["steps"],
         "epochs": final["epochs"],
+        # Every attempt's, from the run's own records: not the time of whichever job collected it.
+        "wall_time_s": final["wall_time_s"] if "wall_time_s" in final else (status or {}).get("elapsed_s"),
     }
 
 
@@ -98,6 +130,12 @@ REEVALUATE = (
     "rerun the run's job (snakemake, or the same `trm train`): it evaluates the last checkpoint again and "
     "rewrites it, without training"
 )
+
+
+def _status(run_dir: str) -> dict | None:
+    """status.json, where a trainer older than final.json's wall_time_s kept the run's elapsed time (None when
+    absent or unreadable: the wall time is then not measured)."""
+    return read_run(run_dir).status or None  # its reader takes a damaged marker for none
 
 
 def summarize(run_dir: str, test_time_steps: tuple[int, ...]) -> dict:
@@ -110,6 +148,7 @@ def summarize(run_dir: str, test_time_steps: tuple[int, ...]) -> dict:
     config = storage.read_json(layout.path(run_dir, layout.CONFIG), MISSING, layout.RETRAIN)
     records = storage.read_json_lines(layout.path(run_dir, layout.METRICS), MISSING, layout.RETRAIN)
     final = storage.read_json(layout.path(run_dir, layout.FINAL), MISSING, REEVALUATE)
+    status = None if "wall_time_s" in final else _status(run_dir)
     source = layout.path(run_dir, layout.TEST_TIME)
     evaluation = storage.read_json(source, MISSING, REEVALUATE)
     if evaluation["checkpoint_step"] != final["steps"]:
@@ -121,7 +160,8 @@ def summarize(run_dir: str, test_time_steps: tuple[int, ...]) -> dict:
     return {
         "config_hash": final["config_hash"],
         "devices": final["devices"],  # of the job that trained it (launch.per_experiment may differ)
-        **run_metrics(config, records, final),
+        "weights_sha256": weights_digest(final),
+        **run_metrics(config, records, final, status),
         "curve": [
             {
                 "epoch": r["epoch"],
@@ -147,9 +187,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from trm.train.records import (
-        parse_steps,  # here: the workflow reads summaries at parse time, without numpy
-    )
+    from trm.train.records import parse_steps  # not at the top: the workflow reads summaries without numpy
 
     steps = parse_steps(args.test_time_steps, "--test-time-steps")
     summary = summarize(args.run_dir, steps)

@@ -44,6 +44,9 @@ NOT_SUPPORTED = "not supported"
 INCONCLUSIVE = "inconclusive"
 NO_SIGNAL = "no signal"
 NO_DATA = "not enough data"
+# A treatment whose runs are its reference's own (the same trained weights, the same value): it did not act at this
+# scale, so the comparison measures nothing but the spread of the reference's other seeds (trm.analysis.judge).
+NO_EFFECT = "no effect at this scale"
 
 # A claim about a difference d = a - b: d >= bound, d <= bound, or |d| <= bound.
 AT_LEAST, AT_MOST, WITHIN = "at_least", "at_most", "within"
@@ -300,6 +303,8 @@ class Judgement:
         """The verdict in words, figures in `unit` (0.01 for accuracies: points), e.g. 'inconclusive: difference
         -2.0 ± 2.7 points (needs <= -1.0); about 12 seeds per point would resolve a difference of this size'."""
         d = self.difference
+        if self.verdict == NO_EFFECT:  # no measured difference to give
+            return f"{NO_EFFECT}: the same runs (the same trained weights and value), so the treatment did not act"
         unit_name = f" {unit_name}" if unit_name else ""
         needs = {AT_LEAST: ">=", AT_MOST: "<=", WITHIN: "within ±"}[self.claim]
         if math.isfinite(d.half_width):
@@ -345,6 +350,12 @@ def decide(claim: str, bound: float, d: Difference) -> str:
     else:
         raise ValueError(f"unknown claim {claim!r}: one of {AT_LEAST}, {AT_MOST}, {WITHIN}")
     return SUPPORTED if holds else NOT_SUPPORTED if fails else INCONCLUSIVE
+
+
+def no_effect(claim: str, bound: float) -> Judgement:
+    """The judgement of a claim whose two sides are the same runs: no difference was measured (NaN)."""
+    unmeasured = Difference(math.nan, math.nan, math.nan, math.nan, math.nan)
+    return Judgement(NO_EFFECT, claim, bound, unmeasured)
 
 
 def judge(claim: str, bound: float, a: Summary, b: Summary | float) -> Judgement:

@@ -10,10 +10,12 @@ the given groups, or every group with a run in the table. A criterion is `suppor
 the 95% interval of every difference it reads excludes the other outcome; `inconclusive` otherwise (with the
 difference, its half-width and the seeds per point that would resolve it); `no signal` when its metric is the
 same for every run it reads; `not enough data` when a member it needs has no row or did not measure the metric
-(NaN). Single runs borrow the noise floor measured on the seeds of the baselines and reference runs, and
+(NaN); `no effect at this scale` when the runs of a member it compares are the same runs as its reference's
+(the table's weights_sha256 and the same value: the treatment did not act). Single runs borrow the noise floor measured on the seeds of the baselines and reference runs, and
 accuracies their sampling interval over the test split's `--test-puzzles`. A group is not supported when any
 criterion is not, supported when all are, lacks data when any criterion does, has no signal when none of its
-criteria has any, and is inconclusive otherwise. Writes OUTPUT/verdicts.json and OUTPUT/verdicts.md (every group),
+criteria has any, has no effect at this scale when its criteria have no signal or no effect, and is inconclusive
+otherwise. Writes OUTPUT/verdicts.json and OUTPUT/verdicts.md (every group),
 OUTPUT/verdicts.rst (the summary table) and OUTPUT/<group>.rst (hypothesis, expected result and verdict: the HTML
 report shows it under the group's plot). At the smoke scale a criterion on exact accuracy is judged on cell
 accuracy when exact accuracy is 0 for every run of the group (as the plots do, with a caveat), except one against
@@ -39,8 +41,16 @@ from trm.analysis.judge import (
     puzzle_sds,
     reference_ids,
     samples_by_experiment,
+    weights_by_experiment,
 )
-from trm.analysis.uncertainty import INCONCLUSIVE, NO_DATA, NO_SIGNAL, NOT_SUPPORTED, SUPPORTED
+from trm.analysis.uncertainty import (
+    INCONCLUSIVE,
+    NO_DATA,
+    NO_EFFECT,
+    NO_SIGNAL,
+    NOT_SUPPORTED,
+    SUPPORTED,
+)
 from trm.errors import UserError, number
 from trm.study.groups import load_groups
 from trm.study.metrics import CELL_FALLBACK
@@ -49,7 +59,7 @@ from trm.study.scale import SCALES
 if TYPE_CHECKING:  # pandas is imported where a table is read, so `trm verdicts --help` stays fast
     import pandas as pd
 
-OUTCOMES = (SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, NO_SIGNAL, NO_DATA)
+OUTCOMES = (SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, NO_EFFECT, NO_SIGNAL, NO_DATA)
 SMOKE_NOTE = (
     "smoke scale: these runs are too short to test the hypothesis; the verdicts only show that the criteria "
     "are evaluated."
@@ -89,13 +99,15 @@ def evaluate_criterion(
         floors.get(metric),
         test_puzzles,
         puzzle_sds(table, metric),
+        weights_by_experiment(table),
     )
     return {**base, **judged}
 
 
 def group_verdict(verdicts: list[str]) -> str:
     """Not supported when any criterion is not; supported when all are; not enough data when any criterion lacks
-    it; no signal when no criterion has any; otherwise inconclusive."""
+    it; no signal when no criterion has any; no effect at this scale when the others have none because the
+    treatment did not act; otherwise inconclusive."""
     if NOT_SUPPORTED in verdicts:
         return NOT_SUPPORTED
     if all(v == SUPPORTED for v in verdicts):
@@ -104,6 +116,8 @@ def group_verdict(verdicts: list[str]) -> str:
         return NO_DATA
     if all(v == NO_SIGNAL for v in verdicts):
         return NO_SIGNAL
+    if all(v in (NO_SIGNAL, NO_EFFECT) for v in verdicts):
+        return NO_EFFECT
     return INCONCLUSIVE
 
 

@@ -2,12 +2,15 @@
 
 A dataset folder holds `identifiers.json` (`["<blank>"]`) and one folder per split (`train`, `test`), each with
 
-    all__inputs.npy              [E, 81] token ids: 1 = blank, 2..10 = digits 1..9 (0 is padding)
-    all__labels.npy              [E, 81] token ids 2..10
+    all__inputs.npy              [E, n*n] token ids: 1 = blank, 2..n+1 = digits 1..n (0 is padding)
+    all__labels.npy              [E, n*n] token ids 2..n+1
     all__puzzle_identifiers.npy  [P] int32, all 0 for Sudoku
     all__puzzle_indices.npy      [P + 1] int32 example offsets of each puzzle (one example per puzzle)
     all__group_indices.npy       [G + 1] int32 puzzle offsets of each group (a puzzle and its augmentations)
     dataset.json                 metadata: the original's fields plus provenance
+
+where each example is a board of n x n cells (trm/data/board.py; 9x9 for Sudoku-Extreme). dataset.json's seq_len
+(n * n) fixes the board and its vocab_size is n + 2, so the format records nothing more for it.
 
 This builder stores tokens as uint8; the original stored the train split as int64. The reader accepts both,
 and datasets without the provenance fields.
@@ -26,14 +29,13 @@ from pathlib import Path
 import numpy as np
 
 from trm import storage
-from trm.data.sudoku import NUM_CELLS
+from trm.data.board import SUDOKU, Board
 from trm.errors import UserError
 
 SPLITS = ("train", "test")
 ARRAY_NAMES = ("inputs", "labels", "puzzle_identifiers", "puzzle_indices", "group_indices")
 SET_NAME = "all"
 IDENTIFIERS = ["<blank>"]
-VOCAB_SIZE = 11  # token ids: 0 padding, 1 blank, 2..10 the digits 1..9
 
 # Fields every dataset.json has, the original's included, and their types.
 REQUIRED_FIELDS: dict[str, type | tuple[type, ...]] = {
@@ -66,14 +68,14 @@ def array_path(dataset_dir: str | Path, split: str, name: str) -> Path:
     return Path(dataset_dir) / split / f"{SET_NAME}__{name}.npy"
 
 
-def sudoku_metadata(num_groups: int) -> dict:
-    """The original builder's dataset.json fields for a Sudoku split with `num_groups` groups."""
+def sudoku_metadata(num_groups: int, board: Board = SUDOKU) -> dict:
+    """The original builder's dataset.json fields for a Sudoku split of `board` with `num_groups` groups."""
     return {
         "pad_id": 0,
         "ignore_label_id": 0,
         "blank_identifier_id": 0,
-        "vocab_size": VOCAB_SIZE,
-        "seq_len": NUM_CELLS,
+        "vocab_size": board.vocab_size,
+        "seq_len": board.cells,
         "num_puzzle_identifiers": 1,
         "total_groups": num_groups,
         "mean_puzzle_examples": 1.0,
@@ -197,6 +199,27 @@ def load_split(dataset_dir: str | Path, split: str, mmap: bool = True) -> SplitD
         f"expected {metadata['total_groups'] + 1} offsets (total_groups + 1) from 0 to {num_puzzles} (puzzles)",
     )
     return data
+
+
+def check_data_settings(settings: dict, train: SplitData, dataset: str) -> None:
+    """A run's data settings (its config's `data`: train_puzzles, num_aug) describe the train split of the dataset
+    it trains on, so that its config says what it trained: UserError naming the setting and the dataset if not."""
+    puzzles = train.metadata["total_groups"]  # groups: each a base puzzle and its augmentations
+    sizes = np.unique(np.diff(train.group_indices))
+    if settings["train_puzzles"] != puzzles:
+        raise UserError(
+            f"data.train_puzzles is {settings['train_puzzles']}, but the dataset at {dataset} holds {puzzles} "
+            f"training puzzles (total_groups of its train/dataset.json): set data.train_puzzles={puzzles}, or "
+            f"train on a dataset built with --subsample-size {settings['train_puzzles']}"
+        )
+    if len(sizes) > 1 or (len(sizes) == 1 and sizes[0] != settings["num_aug"] + 1):
+        held = f"{sizes[0] - 1}" if len(sizes) == 1 else f"{sizes.min() - 1} to {sizes.max() - 1}"
+        set_it = f"set data.num_aug={held}, or " if len(sizes) == 1 else ""
+        raise UserError(
+            f"data.num_aug is {settings['num_aug']}, but the dataset at {dataset} holds {held} augmentations per "
+            f"training puzzle (train/{SET_NAME}__group_indices.npy): {set_it}train on a dataset built with "
+            f"--num-aug {settings['num_aug']}"
+        )
 
 
 def check_same_format(train_meta: dict, test_meta: dict) -> None:

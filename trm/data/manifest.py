@@ -164,6 +164,22 @@ def write_build_record(root: Path) -> Manifest:
     return record
 
 
+def unrecorded_paths(root: Path, record: Manifest) -> list[str]:
+    """Every file, folder or link below the local folder `root` that its build record `record` does not account
+    for (the record itself and Snakemake's timestamp aside): what replacing `root` would destroy of someone else's."""
+    ours = {MANIFEST_NAME, SNAKEMAKE_TIMESTAMP}
+    for entry in record.entries:
+        parts = entry.path.split("/")
+        ours |= {"/".join(parts[: i + 1]) for i in range(len(parts))}
+    found = []
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        # A link is never ours, even to a listed file: its target is someone's.
+        if rel not in ours or path.is_symlink():
+            found.append(rel)
+    return found
+
+
 def read_build_record(root: Path) -> Manifest | None:
     """The build record of the local dataset folder `root`, or None when it has none (an older or hand-made one)."""
     path = root / MANIFEST_NAME

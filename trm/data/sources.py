@@ -8,6 +8,10 @@
   generate:N       N generated puzzles for train and max(1, N // 4) further, distinct ones for test.
 
 --test-source FILE replaces the test split of any source with the whole of FILE.
+
+The board (trm/data/board.py): the one given (--board), whose size every row of every file must have; otherwise a
+file's first puzzle's (16, 36, 64 or 81 cells), and then both splits must share it. generate:N makes puzzles of the
+given board, by default 9x9.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from trm import storage
+from trm.data.board import SUDOKU, Board
 from trm.data.generate import generate_puzzles
 from trm.data.sudoku import Puzzles, read_csv
 from trm.errors import UserError
@@ -86,34 +91,48 @@ def _hf_files(repo: str, timeout: float) -> tuple[Path, Path]:
     return files[0], files[1]
 
 
-def _generate(spec: str, seed: int) -> tuple[Puzzles, Puzzles]:
+def _generate(spec: str, seed: int, board: Board) -> tuple[Puzzles, Puzzles]:
     try:
         count = int(spec)
     except ValueError:
         count = 0
     if count < 1:
         raise UserError(f"--source generate:{spec}: expected generate:N with N a positive integer")
-    puzzles = generate_puzzles(count + max(1, count // 4), seed)
+    puzzles = generate_puzzles(count + max(1, count // 4), seed, board=board)
     return puzzles.take(np.arange(count)), puzzles.take(np.arange(count, len(puzzles)))
 
 
 def resolve(
-    source: str, seed: int, test_source: str | None = None, timeout: float = DOWNLOAD_TIMEOUT_S
+    source: str,
+    seed: int,
+    test_source: str | None = None,
+    board: Board | None = None,
+    timeout: float = DOWNLOAD_TIMEOUT_S,
 ) -> tuple[Puzzles, Puzzles]:
-    """(train, test) puzzles for a --source string (see the module docstring). Raises UserError on bad input."""
+    """(train, test) puzzles of `board` (None: the files' own) for a --source string (see the module docstring).
+    Raises UserError on bad input."""
+    test_file: str | Path | None = test_source
     if source.startswith("generate:"):
-        train, test = _generate(source.removeprefix("generate:"), seed)
-    elif source.startswith("hf:"):
-        train_path, test_path = _hf_files(source.removeprefix("hf:"), timeout)
-        train, test = read_csv(train_path), (read_csv(test_path) if test_source is None else None)
-    elif Path(source).is_dir():
-        train = read_csv(_find_csv(Path(source), "train"))
-        test = read_csv(_find_csv(Path(source), "test")) if test_source is None else None
-    elif Path(source).is_file():
-        puzzles = read_csv(source)
-        train, test = (puzzles, None) if test_source is not None else _split_file(puzzles, seed)
+        train, test = _generate(source.removeprefix("generate:"), seed, board or SUDOKU)
     else:
-        raise UserError(f"--source {source}: no such file or folder (or use hf:OWNER/REPO or generate:N)")
-    if test_source is not None:
-        test = read_csv(test_source)
+        if source.startswith("hf:"):
+            train_file, split_file = _hf_files(source.removeprefix("hf:"), timeout)
+        elif Path(source).is_dir():
+            train_file = _find_csv(Path(source), "train")
+            split_file = _find_csv(Path(source), "test") if test_source is None else None
+        elif Path(source).is_file():
+            train_file, split_file = Path(source), None
+        else:
+            raise UserError(f"--source {source}: no such file or folder (or use hf:OWNER/REPO or generate:N)")
+        train = read_csv(train_file, board)
+        if test_file is None and split_file is None:
+            train, test = _split_file(train, seed)
+        test_file = test_file or split_file
+    if test_file is not None:
+        test = read_csv(test_file, board)
+        if test.board != train.board:
+            raise UserError(
+                f"{test_file}: puzzles of a {test.board.name} board, but the train split's ({source}) are "
+                f"{train.board.name}; the splits must share a board"
+            )
     return train, test

@@ -17,6 +17,10 @@ content transfers nothing.
 Only files that trm stage wrote are ever replaced or deleted: those the destination's manifest lists, or, after
 an interruption, its .staging.json (written before the first change). A destination holding any other file
 (a folder that was never a staged dataset, or a file added to one) is refused, and nothing is written.
+
+A destination already holding another dataset (another manifest hash; or an interrupted staging of another one,
+which .staging.json names) is refused too unless --replace is given: runs trained on it are bound to it (their
+run dir's data.json), and a dataset replaced under them would make their results and their resumption disagree.
 """
 
 from __future__ import annotations
@@ -56,10 +60,11 @@ class _BarCallback(Callback):
         self.shown = self.value
 
 
-def stage_dataset(src: str | Path, dest: str, accept_unrecorded: bool = False) -> dict:
+def stage_dataset(src: str | Path, dest: str, accept_unrecorded: bool = False, replace: bool = False) -> dict:
     """Stage the local folder `src` at the storage URL `dest`; returns counts for the summary line.
 
-    `src` must match its build record (MANIFEST.json); without one it is refused unless `accept_unrecorded`.
+    `src` must match its build record (MANIFEST.json); without one it is refused unless `accept_unrecorded`. A
+    `dest` holding another dataset is refused unless `replace`.
     """
     start = time.perf_counter()
     src = Path(src)
@@ -75,8 +80,13 @@ def stage_dataset(src: str | Path, dest: str, accept_unrecorded: bool = False) -
     stored = list_stored(fs, root)
     old_manifest = stored.pop(MANIFEST_NAME, None)
     marker = stored.pop(STAGING_MARKER, None)
-    owned = _owned_files(fs, root, dest, old_manifest is not None, marker is not None)
+    owned, staged_hash = _owned_files(fs, root, dest, old_manifest is not None, marker is not None)
     _refuse_foreign_files(dest, sorted(set(stored) - owned), old_manifest is not None)
+    if staged_hash not in (None, manifest.hash) and not replace:
+        raise UserError(
+            f"{dest} holds another dataset (manifest {staged_hash[:16]}, not {src}'s {manifest.hash[:16]}); runs "
+            "trained on it are bound to it: stage to a new destination, or pass --replace to replace it"
+        )
 
     to_upload = [
         e
@@ -99,7 +109,8 @@ def stage_dataset(src: str | Path, dest: str, accept_unrecorded: bool = False) -
     # From here on the destination changes: first record every file this run or an earlier one may have written
     # there, then make the destination unmistakably "not staged".
     ours = sorted(owned | {e.path for e in manifest.entries})
-    storage.write_text(storage.join(dest, STAGING_MARKER), json.dumps({"files": ours}, indent=1) + "\n")
+    marker_record = {"files": ours, "manifest_sha256": manifest.hash}
+    storage.write_text(storage.join(dest, STAGING_MARKER), json.dumps(marker_record, indent=1) + "\n")
     if old_manifest is not None:
         fs.rm_file(manifest_path)
     with tqdm(
@@ -145,14 +156,19 @@ def _checked_source(src: Path, accept_unrecorded: bool) -> Manifest:
     return record
 
 
-def _owned_files(fs, root: str, dest: str, has_manifest: bool, has_marker: bool) -> set[str]:
-    """The files of `dest` that trm stage wrote: listed by its manifest or by an interrupted run's marker."""
+def _owned_files(
+    fs, root: str, dest: str, has_manifest: bool, has_marker: bool
+) -> tuple[set[str], str | None]:
+    """The files of `dest` that trm stage wrote (listed by its manifest or by an interrupted run's marker), and the
+    manifest hash of the dataset there, if any: its manifest's, or the one an interrupted run was staging."""
     owned: set[str] = set()
+    staged_hash = None
     if has_manifest:
         url = storage.join(dest, MANIFEST_NAME)
         try:
             previous = Manifest.from_json(fs.cat_file(f"{root}/{MANIFEST_NAME}").decode(), url)
             owned |= {e.path for e in previous.entries}
+            staged_hash = previous.hash
         except (UserError, UnicodeDecodeError) as err:
             raise UserError(
                 f"{err}; trm stage cannot tell which files of {dest} it wrote: stage to a new destination, or "
@@ -161,14 +177,17 @@ def _owned_files(fs, root: str, dest: str, has_manifest: bool, has_marker: bool)
     if has_marker:
         url = storage.join(dest, STAGING_MARKER)
         try:
-            files = json.loads(fs.cat_file(f"{root}/{STAGING_MARKER}"))["files"]
-            owned |= {str(path) for path in files}
-        except (ValueError, KeyError, TypeError) as err:
+            record = json.loads(fs.cat_file(f"{root}/{STAGING_MARKER}"))
+            owned |= {str(path) for path in record["files"]}
+            # An older trm's marker does not say which dataset it was staging.
+            if staged_hash is None and record.get("manifest_sha256") is not None:
+                staged_hash = str(record["manifest_sha256"])
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise UserError(
                 f"{url}: not a valid staging marker ({type(err).__name__}: {err}); stage to a new destination, or "
                 f"delete {dest} yourself first"
             ) from None
-    return owned
+    return owned, staged_hash
 
 
 def _refuse_foreign_files(dest: str, foreign: list[str], has_manifest: bool) -> None:
@@ -226,11 +245,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="stage a folder without a build record (MANIFEST.json) as its files are now",
     )
+    parser.add_argument(
+        "--replace",
+        action="store_true",
+        help="replace another dataset staged at dest (runs trained on it will refuse to resume on this one)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     storage.check_url(args.dest)
-    s = stage_dataset(args.src, args.dest, accept_unrecorded=args.accept_unrecorded)
+    s = stage_dataset(args.src, args.dest, accept_unrecorded=args.accept_unrecorded, replace=args.replace)
     if not s["manifest_written"]:
         print(
             f"{args.dest}: already up to date, nothing transferred ({s['files']} files, {s['bytes']:,} bytes)"

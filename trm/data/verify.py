@@ -66,20 +66,22 @@ def verify_dataset(url: str, download: bool = False) -> Manifest:
     return manifest
 
 
-def fetch_dataset(url: str, cache_dir: str | Path) -> Path:
+def fetch_dataset(url: str, cache_dir: str | Path, manifest: Manifest | None = None) -> Path:
     """Local copy of the dataset staged at `url`, downloaded into `cache_dir` and checked against its manifest.
 
     The copy lives in `cache_dir/NAME-HASH` (HASH identifies the manifest's content), so a changed dataset gets a
     fresh copy and a completed copy is reused. Downloads go to a private temporary directory renamed into
     place, so concurrent processes never see or corrupt a partial copy. Raises UserError naming the file when
-    the dataset has no manifest or a file is missing, truncated or altered.
+    the dataset has no manifest or a file is missing, truncated or altered. `manifest`: the one at `url`, if the
+    caller has read it already (the copy is then of exactly that content).
     """
-    manifest = read_manifest(url)
+    manifest = manifest or read_manifest(url)
     cache_dir = Path(cache_dir)
     name = url.rstrip("/").rsplit("/", 1)[-1] or "dataset"
     target = cache_dir / f"{name}-{manifest.hash[:16]}"
     if _is_complete(target, manifest):
         return target
+    _refuse_foreign(target, url)
 
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=cache_dir, prefix=f".{target.name}.tmp-"))
@@ -91,6 +93,7 @@ def fetch_dataset(url: str, cache_dir: str | Path) -> Path:
             # The target exists: another process finished first (use its copy), or a damaged copy is in the
             # way (move it aside, then put ours in its place).
             if not _is_complete(target, manifest):
+                _refuse_foreign(target, url)
                 aside = tmp.with_name(tmp.name + "-damaged")
                 os.rename(target, aside)
                 os.rename(tmp, target)
@@ -98,6 +101,15 @@ def fetch_dataset(url: str, cache_dir: str | Path) -> Path:
         return target
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _refuse_foreign(target: Path, url: str) -> None:
+    """Only a copy this module made (damaged since) is ever replaced: refuse anything else in its place."""
+    if target.is_symlink() or (target.exists() and not (target / FETCHED_MARKER).is_file()):
+        raise UserError(
+            f"{target} is in the way of the copy of {url} and is not a dataset copy trm fetched (no "
+            f"{FETCHED_MARKER}): move it away, or choose another cache folder"
+        )
 
 
 def _is_complete(target: Path, manifest: Manifest) -> bool:

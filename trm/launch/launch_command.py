@@ -13,7 +13,8 @@ to every host as they are. By hand, the second form launches on the local backen
 `add_run_arguments`), resolves the config once into the job a job file would hold, and launches that job as
 `--job` does.
 
-The launcher refuses a batch the job's devices cannot split, writes the run's config to RUN_DIR/config.json and
+The launcher refuses a batch the job's devices cannot split and a run dir bound to another dataset than the job's
+(RUN_DIR/data.json: trm/train/run_data.py), writes the run's config to RUN_DIR/config.json and
 starts every host's trainer on that copy with the hash the job carries. Before writing anything in the run dir
 it takes the run's lease (trm/run/lease.py): a second launcher of the same run fails with one line naming the
 holder. The exit code is 0 when every host finished, 42 when the job was preempted (run the same command again
@@ -40,6 +41,7 @@ from trm.platform import LOCAL_PLATFORMS
 from trm.run import layout, spec
 from trm.run.lease import Lease
 from trm.run.lifetime import watch_controller
+from trm.train.run_data import check_resumed_data
 from trm.train.train_command import add_run_arguments, final_evaluation
 
 # name -> module defining `check(job)` (bad settings, before anything is written) and
@@ -116,6 +118,9 @@ def main(args: argparse.Namespace) -> int:
         raise UserError(f"{args.job}: backend {job.backend!r}: one of {', '.join(sorted(BACKENDS))}")
     backend = importlib.import_module(BACKENDS[job.backend])
     backend.check(job)
+    check_resumed_data(
+        job.run.run_dir, job.run.data
+    )  # before the lease: nothing written in another's run dir
     lease = Lease(job.run.run_dir, job.tpu["stale_after_seconds"], log)
     # A finished run needs no lease: nothing trains it again.
     with contextlib.nullcontext() if layout.finished(job.run.run_dir) else lease.held():

@@ -167,14 +167,19 @@ def read_run(run_dir: str, now: float | None = None, stale_after_s: float | None
 
 class TrainerStatus:
     """status.json as the trainer keeps it: progress, latest evaluation and heartbeat. Inert on hosts other
-    than process 0. Elapsed time and the first start carry over from the previous attempt's file on resume."""
+    than process 0. Elapsed time and the first start carry over from the previous attempt's file on resume.
 
-    def __init__(self, run_dir: str, writer: bool, **fields) -> None:
+    `elapsed_s` is the run's wall time over all its attempts: each attempt counts from `attempt_start` (the
+    command's start: its set-up holds the devices too) to its last write, so an attempt killed without a word
+    misses at most the HEARTBEAT_S since its last heartbeat. It is the run's cost wherever its results are
+    collected (final.json keeps it; `trm summarize` reads it)."""
+
+    def __init__(self, run_dir: str, writer: bool, attempt_start: float | None = None, **fields) -> None:
         self.run_dir = run_dir
         self.writer = writer
         previous = (_read_json(layout.path(run_dir, layout.STATUS)) or {}) if writer else {}
         self._elapsed_before = float(previous.get("elapsed_s", 0.0))
-        self._attempt_start = _now()
+        self._attempt_start = _now() if attempt_start is None else attempt_start
         self._last_write = float("-inf")
         self.fields = {
             **fields,
@@ -195,9 +200,12 @@ class TrainerStatus:
         if not self.writer:
             return
         now = _now()
-        elapsed = self._elapsed_before + now - self._attempt_start
-        write_status(self.run_dir, {**self.fields, "state": state, "elapsed_s": elapsed})
+        write_status(self.run_dir, {**self.fields, "state": state, "elapsed_s": self.elapsed(now)})
         self._last_write = now
+
+    def elapsed(self, now: float | None = None) -> float:
+        """The run's wall seconds so far, over every attempt (this one's since its start)."""
+        return self._elapsed_before + (_now() if now is None else now) - self._attempt_start
 
     def heartbeat(self, **fields) -> None:
         """Record `fields`; write a "running" status when the last write is older than HEARTBEAT_S."""

@@ -101,6 +101,12 @@ def _criterion_errors(criterion, where: str, members: list[str]) -> list[str]:
         errors += [
             f"{where}: {field}: {m!r} is not a member of the group" for m in listed if m not in members
         ]
+    if isinstance(criterion.get("reference"), list) and isinstance(criterion["members"], list):
+        errors += [  # a criterion never compares a member with itself (trm/analysis/judge.py)
+            f"{where}: reference: {m!r} would be compared with itself only; name another member"
+            for m in criterion["members"]
+            if criterion["reference"] and set(criterion["reference"]) <= {m}
+        ]
     if kind in COMPARISONS and ("reference" in criterion) == ("value" in criterion):
         errors.append(
             f"{where}: check {kind!r} needs exactly one of 'reference' (members) or 'value' (a number)"
@@ -144,6 +150,10 @@ def describe(criterion: dict) -> str:
     else:
         reference = f"the highest of {', '.join(criterion['reference'])}"
     each = "each of " if len(criterion["members"]) > 1 else ""
+    if kind == "within" and set(criterion["members"]) & set(criterion.get("reference", [])):
+        # Never against itself: a member of its reference is judged against the highest of the others.
+        tolerance = format_number(criterion["tolerance"])
+        return f"{each}{members} at most {tolerance} below {reference} other than itself"
     if kind == "within":
         return f"{each}{members} within {format_number(criterion['tolerance'])} of {reference}"
     margin = criterion.get("margin", 0)

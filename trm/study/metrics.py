@@ -172,15 +172,16 @@ RUN_METRICS = _by_key(
     Metric("epochs", "epochs the run trained", "training epochs", "epochs", None),
     Metric(
         "wall_time_s",
-        "wall time of the training job that trained the run (Snakemake's benchmark; shared by its experiments)",
+        "wall time of the run over all its attempts, each from its `trm train` command's start to its last record "
+        "(final.json, kept from status.json's elapsed_s): the run's own, whichever job collected it, and shared "
+        "by the experiments that share the run",
         "wall time",
         "s",
         False,
-        "table",
     ),
     Metric(
         "accelerator_hours",
-        "measured wall hours x the devices the run trained on",
+        "the run's measured wall hours (wall_time_s) x the devices it trained on",
         "accelerator-hours",
         "device-hours",
         False,

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import copy
 import difflib
+import hashlib
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,6 +179,15 @@ def config_at_scale(paper: dict, scale: str, source: str) -> dict:
 def run_dir_of(storage_root: str, scale: str, run_hash: str) -> str:
     """The run dir of a run (`Experiment.hash`) of the study at `scale` below its `storage` setting."""
     return storage.join(storage_root, scale, "runs", run_hash)
+
+
+def stage_receipt(results: str, storage_url: str, dataset: str) -> str:
+    """The workflow's local receipt of `dataset` staged below `storage_url` (the study's STORAGE/SCALE), in the
+    results folder `results` (RESULTS/SCALE). It stands for a copy in that storage, so its path names the storage
+    (a digest of the URL, which the receipt also holds): after a change of storage there is no receipt, and the
+    dataset is staged there again, whatever Snakemake remembers of earlier runs."""
+    digest = hashlib.sha256(storage_url.encode()).hexdigest()[:12]
+    return os.path.join(results, "staged", digest, f"{dataset}.txt")
 
 
 def check_batches(plan: list[Experiment], devices: int, where: str) -> None:

@@ -47,6 +47,7 @@ from trm.study.plan import (
     plan_study,
     replicate_of,
     run_dir_of,
+    stage_receipt,
 )
 from trm.study.settings import SourceOf, check_settings, load_schema
 
@@ -262,6 +263,10 @@ class Study:
 
     def dataset_url(self, dataset: str) -> str:
         return url_join(self.storage, "datasets", dataset)
+
+    def stage_receipt(self, dataset: str) -> str:
+        """The local receipt of `dataset` staged in this study's storage (a pattern with dataset="{dataset}")."""
+        return stage_receipt(self.results, self.storage, dataset)
 
     def run_url(self, exp_id: str) -> str:
         return run_dir_of(self.config["storage"], self.scale, self.plan[exp_id].hash)

@@ -6,7 +6,8 @@
   the EMA weights when the run kept an EMA (the output says which: "weights": "ema" or "params").
 --data: a staged dataset URL (gs://, file://) or a dataset folder built by `trm build-dataset` (both are
   copied into --cache-dir and checked against their MANIFEST.json; a folder without one is read as it is),
-  --split test or train; or a Sudoku-Extreme style CSV (.csv or .csv.gz, columns question,answer).
+  --split test or train; or a Sudoku-Extreme style CSV (.csv or .csv.gz, columns question,answer; any board, of
+  its first question's size).
 --batch-size: puzzles per batch over all devices; by default the run's train.global_batch_size, the batch its
   trainer evaluated with, so that the figures at train.eval_steps reproduce the trainer's final evaluation
   bit for bit (on the same devices).
@@ -77,14 +78,14 @@ def load_eval_split(data: str, split: str, cache_dir: str) -> SplitData:
     if data.endswith((".csv", ".csv.gz")):
         puzzles = read_csv(storage.filesystem(data)[1])
         count = len(puzzles)
-        # The dataset format's tokens: 0 = padding, 1 = blank, 2..10 = digits 1..9.
+        # The dataset format's tokens: 0 = padding, 1 = blank, 2..n+1 = digits 1..n (of the CSV's board).
         return SplitData(
             inputs=puzzles.questions + 1,
             labels=puzzles.answers + 1,
             puzzle_identifiers=np.zeros(count, np.int32),
             puzzle_indices=np.arange(count + 1, dtype=np.int32),
             group_indices=np.arange(count + 1, dtype=np.int32),
-            metadata=sudoku_metadata(count),
+            metadata=sudoku_metadata(count, puzzles.board),
         )
     if not storage.exists(data):
         raise UserError(f"{data}: no such dataset")

@@ -7,7 +7,7 @@ CHECKPOINT is a torch.save'd state_dict of the original trainer (keys may carry 
 settings for fine-tuning): an experiment YAML over config/base.yaml, or a resolved config.json, plus --set
 overrides. Every key and shape is checked against that architecture; the command refuses, naming the key,
 a missing, unexpected or wrongly shaped tensor. vocab_size and num_puzzle_identifiers are read off the file;
-seq_len comes from --seq-len (default 81, Sudoku).
+seq_len comes from --seq-len (default 81, a 9x9 Sudoku; 36 for 6x6, 16 for 4x4).
 
 The output run dir holds config.json, provenance.json (source file, its sha256) and a step-0 checkpoint of
 a fresh training state carrying the imported weights (also as the EMA). Evaluate it with

@@ -151,11 +151,23 @@ class MetricsLog:
             storage.write_text(self.url, "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.records))
 
 
-def halt_step_moments(sums: dict[str, float], count: float) -> dict[str, float]:
-    """Mean and variance of the supervision steps at which the counted rows halted, from metric sums."""
+# A train record's means over the rows its window counted (the training examples that halted in it).
+ROW_MEANS = ("accuracy", "exact_accuracy", "q_halt_accuracy", "steps", "steps_variance")
+
+
+def row_means(sums: dict[str, float]) -> dict[str, float | None]:
+    """The ROW_MEANS of a window from its metric sums: the accuracies of the rows that halted in it, and the mean
+    and variance of the supervision steps at which they halted. None when no row halted (a window shorter than
+    the halt limit, with no early halt): a mean over no row is not 0, and the summary weighs records by `count`."""
+    count = sums["count"]
+    if count <= 0:
+        return dict.fromkeys(ROW_MEANS)
     mean = sums["steps"] / count
-    variance = max(sums["steps_sq"] / count - mean * mean, 0.0)
-    return {"steps": mean, "steps_variance": variance}
+    return {
+        **{k: sums[k] / count for k in ("accuracy", "exact_accuracy", "q_halt_accuracy")},
+        "steps": mean,
+        "steps_variance": max(sums["steps_sq"] / count - mean * mean, 0.0),
+    }
 
 
 class MetricWindow:

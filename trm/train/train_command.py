@@ -35,6 +35,7 @@ import traceback
 from trm.data.verify import DATASET_CACHE
 from trm.errors import UserError, number, system_refusal
 from trm.run import distributed, spec
+from trm.run.layout import RunDirRefused
 from trm.run.lifetime import die_with_launcher
 from trm.run.state import mark_setup_failed
 from trm.run.timing import Timings
@@ -133,6 +134,8 @@ def _train(args: argparse.Namespace, host_log: HostLog, timings: Timings) -> int
                 test_time_subset=test_time_subset,
                 config_hash=run.config_hash,
             )
+    except RunDirRefused:
+        raise  # another config's or dataset's run dir: nothing is written there
     except BaseException as err:
         # A setup failure (no dataset, bad data, storage unreachable) still ends the run with a reason.
         mark_setup_failed(

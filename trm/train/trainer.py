@@ -12,8 +12,6 @@ import jax
 
 from trm import storage
 from trm.config import config_hash as hash_of_config
-from trm.data.format import check_same_format, load_split
-from trm.data.verify import fetch_dataset
 from trm.errors import UserError
 from trm.model.config import ModelConfig
 from trm.run import distributed, layout
@@ -24,7 +22,8 @@ from trm.train.checkpoint import Checkpointer
 from trm.train.ema import eval_params
 from trm.train.evaluator import Evaluator, evaluate
 from trm.train.hostlog import HostLog
-from trm.train.records import MetricsLog, MetricWindow, best_evaluation, halt_step_moments
+from trm.train.records import MetricsLog, MetricWindow, best_evaluation, row_means
+from trm.train.run_data import check_resumed_data, load_run_data
 from trm.train.schedule import cycles_at, halt_exploration_at
 from trm.train.step import ModelTemplate, TrainState, TrainStep, check_train_config, init_state
 from trm.train.test_time import run_test_time_evaluation
@@ -70,11 +69,10 @@ class Trainer:
         )
 
         with self.timings.phase("data"):
-            dataset_dir = fetch_dataset(data_url, cache_dir)  # every host reads its own local copy
-            self.train_split = load_split(dataset_dir, "train")
-            self.test_split = load_split(dataset_dir, "test")
+            self.train_split, self.test_split = load_run_data(
+                config, data_url, run_dir, cache_dir, self.is_writer
+            )
         self.model_cfg = ModelConfig.from_dict(config["arch"], self.train_split.metadata)
-        check_same_format(self.train_split.metadata, self.test_split.metadata)
 
         self.batches = TrainBatches(
             self.train_split,
@@ -98,6 +96,7 @@ class Trainer:
         self.status = TrainerStatus(
             run_dir,
             self.is_writer,
+            attempt_start=self.timings.created,  # the command's start: its set-up is the run's time too
             config_hash=self.config_hash,
             total_steps=self.total_steps,
             total_epochs=self.batches.epoch_at(self.total_steps),
@@ -108,7 +107,8 @@ class Trainer:
         )
 
     def _check_run_dir(self) -> None:
-        """A run dir belongs to one config, and every host must train that same config with the same code.
+        """A run dir belongs to one config and one dataset (refused before its log is written), and every host must
+        train that same config with the same code.
 
         Every host reads config.json (not just process 0: there is no shared filesystem on a pod), and each
         check is agreed by a collective, so all hosts fail together with the same message.
@@ -119,6 +119,7 @@ class Trainer:
         distributed.check_hosts_agree(
             f"the config hash found in {url}", str(layout.stored_config_hash(self.run_dir))
         )
+        check_resumed_data(self.run_dir, self.data_url)
         layout.claim(self.run_dir, self.config, self.config_hash, write=self.is_writer)
         if self.process_count > 1:
             from jax.experimental import multihost_utils
@@ -197,6 +198,7 @@ class Trainer:
             "hosts_params_sha256": host_params,
             "hosts_ema_sha256": host_ema,
             "compilations": self.train_step.compilations,
+            "wall_time_s": self.status.elapsed(),  # over all attempts (the writer's status): the run's cost
         }
         if self.process_count > 1:
             from jax.experimental import multihost_utils
@@ -254,7 +256,7 @@ class Trainer:
                 record = self._train_record(done, window, time.time() - window_start, cycles, exploration)
                 metrics_log.add(record)
                 if self.wandb:
-                    self.wandb.log({f"train/{k}": v for k, v in record.items()}, step=done)
+                    self.wandb.log({f"train/{k}": v for k, v in record.items() if v is not None}, step=done)
                 window.clear()
                 window_start = time.time()
                 # Recorded now, written with the next checkpoint or heartbeat: a GCS write per record would slow
@@ -290,7 +292,6 @@ class Trainer:
     def _train_record(self, step: int, window: MetricWindow, seconds: float, cycles, exploration) -> dict:
         sums = window.sums()
         examples = window.steps * self.train_cfg["global_batch_size"]
-        count = max(sums["count"], 1.0)
         return {
             "kind": "train",
             "step": step,
@@ -300,8 +301,7 @@ class Trainer:
             "lm_loss": sums["lm_loss"] / examples,
             "q_halt_loss": sums["q_halt_loss"] / examples,
             "count": sums["count"],
-            **{k: sums[k] / count for k in ("accuracy", "exact_accuracy", "q_halt_accuracy")},
-            **halt_step_moments(sums, count),
+            **row_means(sums),
             "H_cycles": cycles[0],
             "L_cycles": cycles[1],
             "halt_exploration_prob": float(exploration),

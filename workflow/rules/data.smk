@@ -40,7 +40,8 @@ rule stage_dataset:
     input:
         os.path.join(RESULTS, "datasets", "{dataset}"),
     output:
-        os.path.join(RESULTS, "staged", "{dataset}.txt"),
+        # A receipt of the copy in this storage: its folder names the storage (trm/study/plan.py `stage_receipt`).
+        study.stage_receipt("{dataset}"),
     params:
         trm=TRM,
         url=lambda wildcards: study.dataset_url(wildcards.dataset),

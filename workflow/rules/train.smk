@@ -9,7 +9,7 @@
 
 rule train:
     input:
-        staged=lambda wildcards: os.path.join(RESULTS, "staged", f"{PLAN[wildcards.exp].dataset}.txt"),
+        staged=lambda wildcards: study.stage_receipt(PLAN[wildcards.exp].dataset),
         job=lambda wildcards: study.job_file(wildcards.exp),
         same_run=lambda wildcards: study.trained_first(wildcards.exp),
     output:
