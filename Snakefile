@@ -1,8 +1,10 @@
 # The TRM scaling study: 67 experiments from raw puzzles to scaling plots (docs/configuration.md, workflow section).
 #   snakemake -n                                  plan, with estimated accelerator-hours per training job
 #   snakemake --cores 2 all                       everything: datasets, runs, table, plots
-#   snakemake --cores 2 --config experiments=[exp01a]   one experiment (or groups=[exp01] for one group)
-#   snakemake --report results/report.html        HTML report with the plots and the table (of the last selection run)
+#   snakemake --cores 2 --config experiments=[exp01a]   one experiment (or groups=[exp01] for one group); a
+#                                                 selection writes its table and plots in results/SCALE/selections/
+#   snakemake --report results/report.html        HTML report with the plots and the table (of the whole study;
+#                                                 a selection's: the same --config as its run)
 #   snakemake --cores 1 compile_check             compile every step for the TPU slice: does it fit, how fast
 # Settings: config/config.yaml (local defaults), profiles/default/ (applied everywhere).
 

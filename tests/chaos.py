@@ -60,7 +60,7 @@ class Study:
         return self.root / "results" / "smoke"
 
     def command(self) -> list[str]:
-        targets = ["results/smoke/table.csv", *(f"results/smoke/runs/{e}.json" for e in self.experiments)]
+        targets = ["aggregate", *(f"results/smoke/runs/{e}.json" for e in self.experiments)]  # the table too
         return [SNAKEMAKE, "--profile", str(self.profile), "--cores", "4", *targets]
 
     def gcloud(self, *args: str) -> None:
@@ -78,9 +78,9 @@ def make_study(root: Path, storage_url: str, slices: tuple[str, ...], runs: int,
     }
     add_references(root, seeded)
     groups = root / "config" / "groups.yaml"
-    profile = tpu_test_profile(
+    profile = tpu_test_profile(  # one seed per baseline: no noise-floor run trains (trm/study/selection.py)
         root, storage_url, slices, root / "locks", tpu=tpu, experiments=experiments,
-        test_time_steps={"smoke": TEST_TIME_STEPS, "paper": TEST_TIME_STEPS},
+        test_time_steps={"smoke": TEST_TIME_STEPS, "paper": TEST_TIME_STEPS}, replicates={"smoke": {"baseline": 1}},
     )  # fmt: skip
     study = Study(root, profile, experiments, env, slices)
     plan = plan_study(
@@ -114,7 +114,7 @@ def fingerprint(study: Study) -> dict:
             "test_time": json.loads(storage.read_text(layout.path(run, layout.TEST_TIME)))["results"],
             "metrics": [{k: v for k, v in r.items() if not k.endswith("_per_s")} for r in records],
         }
-    with open(study.results / "table.csv") as stream:
+    with open(next(study.results.glob("selections/*/table.csv"))) as stream:  # the one selection's table
         rows = list(csv.DictReader(stream))
     out["table"] = [{k: v for k, v in row.items() if not any(t in k for t in TIMED_COLUMNS)} for row in rows]
     return out

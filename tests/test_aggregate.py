@@ -42,12 +42,13 @@ def test_the_table_is_the_summaries_metrics_in_the_registrys_order(results):
     table = pd.read_csv(f"{output}.csv")
     columns = list(table.columns)
     identity = ["id", "group", "baseline", "varied", "config_hash", "seed", "run", "config_key"]
-    assert columns[:9] == [*identity, "weights_sha256"]
-    assert tuple(columns[:9]) == RUN_TABLE_COLUMNS  # what the plots and the verdicts require of a table
-    assert columns[9 : 9 + len(RUN_METRICS)] == list(RUN_METRICS)
+    assert columns[:10] == [*identity, "weights_sha256", "floor_only"]
+    assert tuple(columns[:10]) == RUN_TABLE_COLUMNS  # what the plots and the verdicts require of a table
+    assert not table["floor_only"].any()  # every run given, none only for the noise floor
+    assert columns[10 : 10 + len(RUN_METRICS)] == list(RUN_METRICS)
     summaries = [f"{m}_{suffix}" for m in SUMMARY_METRICS for suffix in SUMMARY_FIELDS]
     # then the config keys groups plot, then each summary metric's per-experiment uncertainty
-    assert all("." in key for key in columns[9 + len(RUN_METRICS) : -len(summaries)])
+    assert all("." in key for key in columns[10 + len(RUN_METRICS) : -len(summaries)])
     assert columns[-len(summaries) :] == summaries
     assert list(table["seed"]) == [plan_study("smoke", [e])[0].config["train"]["seed"] for e in EXPERIMENTS]
     assert list(table["test_exact_accuracy"]) == pytest.approx([0.0, 0.1, 0.2])

@@ -26,6 +26,7 @@ OWN_JSON_READERS = {
     "data/stage.py": "the staging marker: refused naming it, with what to do",
     "run/state.py": "status.json and launch.json: `trm status` shows a half-written marker as damaged",
     "run/lease.py": "lease.json: refused naming it, with what to do",
+    "study/measured.py": "the local plan's measurements: a file it cannot read measures nothing (skipped)",
     "launch/slice_ledger.py": "a half-written slice record names no slice to delete: skipped",
     "launch/gcloud.py": "gcloud's output, not a file",
 }

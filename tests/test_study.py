@@ -1,6 +1,7 @@
 """The workflow's Study as plain Python (trm/study/study.py, costs.py): checked settings with the place each was set,
-the plan, shared runs, one job file per run, commands, estimates and their messages, and the report's selection;
-and the plan's scales and cost model. The Snakemake layer over it is tested in tests/test_workflow*.py."""
+the plan, shared runs, one job file per run, commands, estimates and their messages; and the plan's scales and cost
+model. A selection's folder and noise floor: tests/test_selection.py; the local plan's measured estimate:
+tests/test_local_estimate.py. The Snakemake layer over it is tested in tests/test_workflow*.py."""
 
 from __future__ import annotations
 
@@ -265,22 +266,6 @@ def test_estimate_matches_the_spec_flops_of_a_paper_baseline_run():
     )
     # The test-time pass is ~5.5e16 x 128 forward steps: about 1.4e18 FLOP (issue #17's figure).
     assert 69 * 6144 * 128 * forward == pytest.approx(1.4e18, rel=0.1)
-
-
-# ------------------------------------------------------------------------------------------ the report
-
-
-def test_a_report_without_a_selection_reports_the_runs_of_the_last_table(tmp_path, capsys):
-    table = tmp_path / "results/smoke/table.csv"
-    table.parent.mkdir(parents=True)
-    table.write_text("id,group\nexp01a,exp01\nref_paper,reference\nexp01a,exp01\n")  # 2 seeds of exp01a
-    reported = study(tmp_path, reporting=True)
-    assert list(reported.plan) == ["exp01a", "ref_paper"] and reported.config["groups"] == "all"
-    assert f"report: the runs of {table} (exp01a, ref_paper);" in capsys.readouterr().err
-    assert sum(not exp.replicate for exp in study(tmp_path).plan.values()) == 68  # not a report
-    assert (
-        list(study(tmp_path, {"groups": ["exp06"]}, reporting=True).plan)[0] == "exp06_a"
-    )  # its own selection
 
 
 # ------------------------------------------------------------------------------------------ scales

@@ -26,7 +26,7 @@ from snakemake.settings.types import (
 )
 from workflow_support import estimates
 
-from trm.analysis.uncertainty import PUZZLE_SD_ONLY
+from trm.analysis.uncertainty import FLOOR_AND_PUZZLE_SD, SEEDS
 from trm.launch.job import read_job
 from trm.study.plan import plan_study
 from trm.study.scale import SMOKE_POOL
@@ -61,8 +61,13 @@ def planned_jobs(
     workdir: Path, config: dict | None = None, targets: set[str] | None = None, triggers: set | None = None
 ) -> collections.Counter:
     """Dry-run the workflow; count the jobs that would run, per kind, from the files they would write."""
+    return job_kinds(dry_run(workdir, config, targets, triggers))
+
+
+def job_kinds(paths: list[Path]) -> collections.Counter:
+    """The jobs that write the files `paths`, counted per kind."""
     kinds = collections.Counter()
-    for path in dry_run(workdir, config, targets, triggers):
+    for path in paths:
         if path.parent.name == "runs" and path.suffix == ".json":
             kinds["train"] += 1
         elif path.parent.name == "datasets":
@@ -94,14 +99,20 @@ def test_dry_run_of_all_plans_67_trainings_and_the_reference_on_10_datasets(work
 def test_one_experiment_by_output_path_or_config_and_one_group(workdir):
     by_path = planned_jobs(workdir, targets={"results/smoke/runs/exp06_f.json"})
     assert by_path == {"build_dataset": 1, "stage_dataset": 1, "train": 1}
-    by_config = planned_jobs(workdir, {"experiments": ["exp01a"]})
-    assert by_config == {
+    # One experiment trains with the baseline's 3 seeds (the noise floor of its interval: tests/test_selection.py),
+    # and writes its table, verdicts and plots in a folder of its own, none of the whole study's outputs.
+    files = dry_run(workdir, {"experiments": ["exp01a"]})
+    assert job_kinds(files) == {
         "build_dataset": 1,
         "stage_dataset": 1,
-        "train": 1,
+        "train": 1 + 3,
         "aggregate": 1,
         "plot_group": 1,
     }
+    analysis = [f for f in files if f.name.startswith("table") or {"plots", "verdicts"} & set(f.parts)]
+    assert len(analysis) == 3 + 4 + 2  # the table's 3 files, the verdicts' and the group's plot
+    selection = Path("results/smoke/selections/exp01a")
+    assert all(f.is_relative_to(selection) for f in analysis), analysis
     assert planned_jobs(workdir, {"groups": ["exp04a"]})["train"] == 6 + 2 + 1  # baseline seeds, reference
     assert planned_jobs(workdir, {"groups": ["exp04a"]})["build_dataset"] == 6
 
@@ -221,14 +232,20 @@ def test_parsing_writes_each_runs_job_file_once(workdir):
 
 
 def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_nothing(workdir):
-    config = ["--config", "experiments=[exp01a,exp04a_100,ref_paper]"]
+    # Two seeds of the baseline measure the noise floor: the selection trains them too (tests/test_selection.py).
+    seeds = "replicates={smoke: {baseline: 2}}"
+    config = ["--config", "experiments=[exp01a,exp04a_100,ref_paper]", seeds]
     run = subprocess.run(
         [SNAKEMAKE, "--cores", "2", *config], cwd=workdir, capture_output=True, text=True, timeout=900
     )
     assert run.returncode == 0, run.stderr[-4000:]
     results = workdir / "results/smoke"
-    table = pd.read_csv(results / "table.csv")
-    assert list(table["id"]) == ["exp01a", "exp04a_100", "ref_paper"]
+    # A selection's table, verdicts and plots: in a folder of its own, never the whole study's.
+    analysis = results / "selections/exp01a+exp04a_100+ref_paper"
+    assert not (results / "table.csv").exists() and not (results / "plots").exists()
+    table = pd.read_csv(analysis / "table.csv")
+    assert list(table["id"]) == ["exp01a", "exp04a_100", "ref_paper", "exp01c", "exp01c"]
+    assert list(table["floor_only"]) == [False, False, False, True, True]
     width = plan_study("smoke", ["exp01a"])[0].config["arch"]["hidden_size"]
     assert table.loc[0, "varied"] == f"hidden_size={width}, num_heads=4"
     # The paper-recipe reference: its own row, in no group, drawn and labelled in every group's plots.
@@ -237,32 +254,35 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     assert table.loc[1, "data.train_puzzles"] == 2
     assert (table["parameter_count"] > 0).all() and (table["wall_time_s"] > 0).all()
     assert table["test_exact_accuracy"].between(0, 1).all()
-    # One run per experiment and no seeded baseline: a cell accuracy's interval is its sampling interval, from the
-    # run's own spread over the test puzzles (the final evaluation's accuracy_puzzle_sd).
+    # One run per selected experiment: a cell accuracy's interval is the noise floor (the baseline's seeds) with
+    # the sampling interval, from the run's own spread over the test puzzles (the final evaluation's
+    # accuracy_puzzle_sd).
     assert table["test_cell_accuracy_puzzle_sd"].between(0, 1, inclusive="neither").all()
-    assert set(table["test_cell_accuracy_interval"]) == {PUZZLE_SD_ONLY}
-    assert sorted(p.name for p in (results / "plots").glob("*.png")) == ["exp01.png", "exp04a.png"]
+    intervals = table.groupby("floor_only")["test_cell_accuracy_interval"].unique()
+    assert list(intervals[False]) == [FLOOR_AND_PUZZLE_SD] and list(intervals[True]) == [SEEDS]
+    assert sorted(p.name for p in (analysis / "plots").glob("*.png")) == ["exp01.png", "exp04a.png"]
     for group in ("exp01", "exp04a"):
-        assert (results / f"plots/{group}.png").stat().st_size > 1000
-        svg = (results / f"plots/{group}.svg").read_text()
+        assert (analysis / f"plots/{group}.png").stat().st_size > 1000
+        svg = (analysis / f"plots/{group}.svg").read_text()
         assert "<svg" in svg and "accuracy vs test-time supervision steps" in svg
-        assert "paper recipe (batch 768) (ref_paper)" in svg
+        assert (
+            "paper recipe (batch 768) (ref_paper)" in svg and "run:exp01c" not in svg
+        )  # floor only: not drawn
     # Test-time scaling: each run scored at the smoke test_time_steps by its training job, as the last phase.
-    test_time = pd.read_csv(results / "table-test-time.csv")
-    assert list(zip(test_time["id"], test_time["steps"], strict=True)) == [
-        ("exp01a", 16),
-        ("exp01a", 32),
-        ("exp04a_100", 16),
-        ("exp04a_100", 32),
-        ("ref_paper", 16),
-        ("ref_paper", 32),
+    test_time = pd.read_csv(analysis / "table-test-time.csv")
+    assert list(zip(test_time["run"], test_time["steps"], strict=True)) == [
+        (run, steps)
+        for run in ("exp01a", "exp04a_100", "ref_paper", "exp01c", "exp01c~s1")
+        for steps in (16, 32)
     ]
-    assert not test_time["baseline"].any()
+    assert list(test_time["baseline"]) == [False] * 6 + [True] * 4
     assert test_time["exact_accuracy"].between(0, 1).all() and test_time["accuracy"].between(0, 1).all()
     # Each run's one local file is its summary, read from the run dir in storage after its _SUCCESS marker.
     summary = json.loads((results / "runs/exp01a.json").read_text())
     assert sorted(p.name for p in (results / "runs").iterdir()) == [
         "exp01a.json",
+        "exp01c.json",
+        "exp01c~s1.json",
         "exp04a_100.json",
         "ref_paper.json",
     ]
@@ -274,12 +294,13 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     # pass records both, so they are equal by construction, not by tolerance. The controller ran no evaluation.
     shell_commands = run.stdout + run.stderr  # printed: profiles/default sets printshellcmds
     assert " summarize " in shell_commands and " evaluate --checkpoint" not in shell_commands
-    at_halt_limit = test_time[test_time["steps"] == 16].set_index("id")
+    at_halt_limit = test_time[test_time["steps"] == 16].set_index("run")
     for row in table.itertuples():
-        assert at_halt_limit.loc[row.id, "exact_accuracy"] == row.test_exact_accuracy
-        assert at_halt_limit.loc[row.id, "accuracy"] == row.test_cell_accuracy
-    # Each selected group's criteria judged on the table; with one member per group, every one lacks data.
-    verdicts = json.loads((results / "verdicts/verdicts.json").read_text())
+        assert at_halt_limit.loc[row.run, "exact_accuracy"] == row.test_exact_accuracy
+        assert at_halt_limit.loc[row.run, "accuracy"] == row.test_cell_accuracy
+    # Each selected group's criteria judged on the table; with one member per group (the baseline's runs are there
+    # for the floor only), every one lacks data.
+    verdicts = json.loads((analysis / "verdicts/verdicts.json").read_text())
     assert verdicts["scale"] == "smoke" and "too short to test the hypothesis" in verdicts["note"]
     assert [(g["id"], g["verdict"]) for g in verdicts["groups"]] == [
         ("exp01", "not enough data"),
@@ -292,16 +313,15 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     assert "config" not in summary and job.run.config == json.loads((run_dir / "config.json").read_text())
     assert job.run.config["arch"]["hidden_size"] == width
 
-    # The README's command as written, after a run of a selection: it reports the runs of the table.
+    # The README's command: a report of a selection is given the run's --config.
     report = subprocess.run(
-        [SNAKEMAKE, "--report", "report.html"],
+        [SNAKEMAKE, "--report", "report.html", *config],
         cwd=workdir,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert report.returncode == 0, report.stderr[-4000:]
-    assert "report: the runs of results/smoke/table.csv (exp01a, exp04a_100, ref_paper)" in report.stderr
     assert "Missing metadata" not in report.stderr and "WARNING" not in report.stderr.upper(), report.stderr
     html = (workdir / "report.html").read_text()
     assert "exp01.png" in html and "table.csv" in html
@@ -334,7 +354,9 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     # Changing one experiment reruns it, its evaluation, the table and the plots; not the other experiment.
     exp_file = workdir / "config/experiments/exp01a.yaml"
     exp_file.write_text(exp_file.read_text().replace("num_heads: 4", "num_heads: 2"))
-    jobs = planned_jobs(workdir, {"experiments": ["exp01a", "exp04a_100"]})
+    jobs = planned_jobs(
+        workdir, {"experiments": ["exp01a", "exp04a_100"], "replicates": {"smoke": {"baseline": 2}}}
+    )
     assert jobs == {"train": 1, "aggregate": 1, "plot_group": 2}
     _relaunch_for_a_missing_count_and_share_a_run(workdir)
 
@@ -363,5 +385,6 @@ def _relaunch_for_a_missing_count_and_share_a_run(workdir: Path) -> None:
     first, second = ((workdir / path).read_text() for path in summaries[1:])
     assert first == second and json.loads(first)["config_hash"] == plan_study("smoke", ["exp01c"])[0].hash
     logs = [(results / f"logs/train/{exp}.log").read_text() for exp in ("exp01c", "exp04a_1000")]
-    assert "the run has not finished" in logs[0] and "[host 0]" in logs[0]
+    # exp01c trained for the floor of the first selection; its job now evaluates the missing count only.
+    assert "has step counts 16,32, not 8" in logs[0] and "[host 0]" in logs[0]
     assert "summarised" in logs[1] and "[host 0]" not in logs[1]  # the shared run trained once

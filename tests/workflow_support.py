@@ -43,7 +43,6 @@ def study(
     changes: dict | None = None,
     *,
     profile: dict | None = None,
-    reporting: bool = False,
     compiled: Path | None = None,
 ) -> Study:
     """The Study of config/config.yaml <- `profile` (a study file) <- `changes` (as from --config), its results and
@@ -68,7 +67,6 @@ def study(
         str(REPO / "workflow/schemas/config.schema.yaml"),
         str(REPO / "config/experiments"),
         str(REPO / "config/groups.yaml"),
-        reporting,
         str(compiled or tmp_path / "compiled"),
     )
 
@@ -156,13 +154,15 @@ def finished_runs(planned: Study, accuracy: dict[str, float], wall_s: dict[str, 
 def runs_table(rows: pd.DataFrame, group: str = "g") -> pd.DataFrame:
     """`rows` (one per run: its `id` and the metrics a test sets) as `trm aggregate` writes its runs table: with
     each of RUN_TABLE_COLUMNS it lacks (group `group`, not a baseline, an id's rows its seeds 0, 1, ... of one
-    configuration, the id, each run's weights its own) and each of RUN_METRICS it lacks, not measured (empty)."""
+    configuration, the id, each run's weights its own, not only for the noise floor) and each of RUN_METRICS it lacks,
+    not measured (empty)."""
     table = rows.copy()
     if "seed" not in table:
         table["seed"] = table.groupby("id").cumcount()
     made = {
         "group": group,
         "baseline": False,
+        "floor_only": False,
         "varied": table["id"],
         "config_key": table["id"],
         "config_hash": [f"{exp}-{seed}" for exp, seed in zip(table["id"], table["seed"], strict=True)],

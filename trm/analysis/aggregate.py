@@ -1,18 +1,22 @@
 r"""Gather every run of the study into one table, the evaluation curves and test-time scaling (CSV files).
 
     trm aggregate --results results/smoke --groups config/groups.yaml \
-        --peak-flops 5e10 --utilization 0.1 --test-puzzles 32 --output results/smoke/table exp01a exp01b
+        --peak-flops 5e10 --utilization 0.1 --test-puzzles 32 --output results/smoke/table exp01a exp01b \
+        [--floor-only exp01c exp01c~s1 exp01c~s2]
 
 Reads, per run id (an experiment id, or EXP~sK for its replicate k), RESULTS/runs/<id>.json (the run's summary,
 `trm summarize`: its config hash and measured results), the job file that hash names, RESULTS/jobs/<hash>.json
 (trm/launch/job.py: the run's resolved config, its one copy outside the run dir, read once per run). Writes
-OUTPUT.csv (one row per run: its experiment `id` (replicates EXP~sK of experiment EXP are rows of EXP, told
-apart by `seed` and `run`), group, varied keys, config hash, seed,
-run id, `config_key` (the hash of the config without train.seed: equal for the replicates of one configuration,
-which the noise floor pools) and `weights_sha256` (the summary's digest of its final weights), then the metrics of trm/study/metrics.py's RUN_METRICS in that order, then the config
-keys the groups plot, then for each metric of SUMMARY_METRICS its experiment's mean, sd, n, 95% interval and the
-interval's source: columns {metric}_mean, _sd, _n, _low, _high, _interval, the same on every row of the experiment;
-docs/statistics.md explains them), OUTPUT-curves.csv (test accuracy per evaluation during training) and
+OUTPUT.csv (one row per run: its experiment `id` (replicates EXP~sK of experiment EXP are rows of EXP, told apart by
+`seed` and `run`), group, varied keys, config hash, seed, run id, `config_key` (the hash of the config without
+train.seed: equal for the replicates of one configuration, which the noise floor pools), `weights_sha256` (the
+summary's digest of its final weights) and `floor_only` (true for the runs given after --floor-only: a selection's
+table holds the study's reference set, whose seeds measure the noise floor, whether it selected them or not; its
+verdicts and plots show only the others, trm/study/selection.py), then the metrics of trm/study/metrics.py's
+RUN_METRICS in that order, then the config keys the groups plot, then for each metric of SUMMARY_METRICS its
+experiment's mean, sd, n, 95% interval and the interval's source: columns {metric}_mean, _sd, _n, _low, _high,
+_interval, the same on every row of the experiment; docs/statistics.md explains them), OUTPUT-curves.csv (test
+accuracy per evaluation during training) and
 OUTPUT-test-time.csv (test accuracy per number of supervision steps at test time, one row per run and step count),
 both with the experiment's `id` and the `run`. Accelerator-hours are the run's measured wall hours (its summary's
 wall time, over all its attempts, whichever job collected it; experiments with equal configs share the run and its
@@ -42,7 +46,8 @@ if TYPE_CHECKING:  # pandas is imported where a table is made, so `trm aggregate
 # `run` tells an experiment's seeds apart: EXP, or EXP~sK for its replicate k.
 # The runs table's columns before its metrics: which run a row is, and what its seeds are replicates of.
 # `weights_sha256`: the summary's digest of the run's final weights, equal only for bit-identical runs (the verdicts
-# report a treatment whose runs are its reference's as having had no effect).
+# report a treatment whose runs are its reference's as having had no effect). `floor_only`: a run the table holds
+# only for the noise floor (trm/study/selection.py).
 RUN_TABLE_COLUMNS = (
     "id",
     "group",
@@ -53,6 +58,7 @@ RUN_TABLE_COLUMNS = (
     "run",
     "config_key",
     "weights_sha256",
+    "floor_only",
 )
 TEST_TIME_COLUMNS = ("id", "run", "group", "baseline", *TEST_TIME_METRICS)
 CURVE_COLUMNS = ("id", "run", "group", *CURVE_METRICS)
@@ -108,9 +114,11 @@ def aggregate(
     peak_flops: float,
     utilization: float,
     test_puzzles: int,
+    floor_only: list[str] = (),
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(runs, curves, test_time): one row per run with its config's varied keys, costs and metrics; one row per
-    evaluation during training; one row per run and test-time step count."""
+    evaluation during training; one row per run and test-time step count. `ids` and then `floor_only` (runs in the
+    table only for the noise floor) are run ids."""
     experiments_dir = groups_path.parent / "experiments"
     group_table = load_groups(groups_path, experiments_dir)
     groups = {m: g for g in group_table for m in g["members"]}
@@ -126,7 +134,7 @@ def aggregate(
     )
     rows, curves, test_time = [], [], []
     configs: dict[str, dict] = {}  # by config hash: experiments with equal configs share one run and job file
-    for run_id in ids:
+    for run_id in [*ids, *floor_only]:
         # A replicate's row (run EXP~sK) is a row of its experiment: `id` EXP, which every summary groups by.
         exp_id = experiment_of(run_id)
         summary = _read_summary(results / "runs" / f"{run_id}.json")
@@ -165,6 +173,7 @@ def aggregate(
                 "run": run_id,
                 "config_key": seedless_hash(config),  # equal for the replicates of one configuration
                 "weights_sha256": summary["weights_sha256"],
+                "floor_only": run_id in floor_only,
                 **{key: values[key] for key in RUN_METRICS},
                 **{key: config_value(config, key) for key in plot_keys},
             }
@@ -214,8 +223,20 @@ def read_table(path: str | Path, columns: tuple[str, ...]) -> pd.DataFrame:
     return table
 
 
+def selected_runs(table: pd.DataFrame) -> pd.DataFrame:
+    """The table's rows but those only there for the noise floor (`floor_only`): what verdicts and plots show."""
+    return table[~table["floor_only"].astype(bool)]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("ids", nargs="+", help="experiment ids, in table order")
+    parser.add_argument("ids", nargs="+", help="run ids (EXP, or EXP~sK for a replicate), in table order")
+    parser.add_argument(
+        "--floor-only",
+        nargs="+",
+        default=[],
+        metavar="ID",
+        help="runs of the study's reference set that the table holds only for the noise floor",
+    )
     parser.add_argument("--results", required=True, type=Path, help="results folder of one scale")
     parser.add_argument("--groups", required=True, type=Path, help="config/groups.yaml")
     parser.add_argument(
@@ -248,10 +269,14 @@ def main(args: argparse.Namespace) -> int:
         args.peak_flops,
         args.utilization,
         args.test_puzzles,
+        args.floor_only,
     )
     output = Path(args.output)
     storage.write_text(str(output.with_suffix(".csv")), runs.to_csv(index=False))
     storage.write_text(str(output.with_name(output.name + "-curves.csv")), curves.to_csv(index=False))
     storage.write_text(str(output.with_name(output.name + "-test-time.csv")), test_time.to_csv(index=False))
-    print(f"wrote {output}.csv ({len(runs)} runs), {output.name}-curves.csv and {output.name}-test-time.csv")
+    floor = f", {len(args.floor_only)} of them only for the noise floor" if args.floor_only else ""
+    print(
+        f"wrote {output}.csv ({len(runs)} runs{floor}), {output.name}-curves.csv and {output.name}-test-time.csv"
+    )
     return 0

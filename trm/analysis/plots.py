@@ -2,13 +2,15 @@
 
     trm plot-group exp01 --table results/smoke/table --groups config/groups.yaml --output results/smoke/plots/exp01
 
-Reads TABLE.csv, TABLE-curves.csv and TABLE-test-time.csv (`trm aggregate`). Each panel is one `plots:` entry of the
-group: `line` puts the members on x (a config key, a metric or `member`), `pareto` scatters them and draws the front
-of runs no other run beats on both axes, `curve` draws test accuracy over training per member. The group's baseline
-is drawn as a star (a thick black line for curves). A `line` or `pareto` panel draws each experiment at its mean
-with its 95% interval from the table (`trm aggregate`: solid over seeds, dashed where one run borrowed the noise
-floor or the test split's sampling interval), every run as a small black dot, and n beside each experiment's id. A
-metric the runs did not measure is shown as an empty panel saying so. A last panel, on every group, draws test exact
+Reads TABLE.csv, TABLE-curves.csv and TABLE-test-time.csv (`trm aggregate`). Each panel is one `plots:` entry of
+the group: `line` puts the members on x (a config key, a metric or `member`), `pareto` scatters them and draws the
+front of runs no other run beats on both axes, `curve` draws test accuracy over training per member. Every run of
+the group in the table is drawn, except those marked `floor_only` (in a selection's table only to measure the noise
+floor, trm/study/selection.py). The group's baseline is drawn as a star (a thick black line for curves). A `line`
+or `pareto` panel draws each experiment at its mean with its 95% interval from the table (`trm aggregate`: solid
+over seeds, dashed where one run borrowed the noise floor or the test split's sampling interval), every run as a
+small black dot, and n beside each experiment's id. A metric the runs did not measure is shown as an empty panel
+saying so. A last panel, on every group, draws test exact
 accuracy against the number of supervision steps at test time per member, from TABLE-test-time.csv (the training
 job's final evaluation at the workflow's test_time_steps). A curve panel and the test-time panel draw each
 experiment's mean line with its 95% interval as a shaded band (trm/analysis/bands.py: over seeds, or for one run the
@@ -27,7 +29,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trm import storage
-from trm.analysis.aggregate import CURVE_COLUMNS, RUN_TABLE_COLUMNS, TEST_TIME_COLUMNS, read_table
+from trm.analysis.aggregate import (
+    CURVE_COLUMNS,
+    RUN_TABLE_COLUMNS,
+    TEST_TIME_COLUMNS,
+    read_table,
+    selected_runs,
+)
 from trm.analysis.bands import point_summaries
 from trm.analysis.uncertainty import SEEDS
 from trm.errors import UserError
@@ -334,9 +342,10 @@ def plot_group(
     groups = {g["id"]: g for g in load_groups(groups_path, groups_path.parent / "experiments")}
     if group_id not in groups:
         raise UserError(f"unknown group {group_id!r}: one of {', '.join(groups)}")
-    group = groups[group_id]
-    table, refs = runs, runs[runs["group"] == REFERENCE_GROUP]
-    runs = runs[runs["group"] == group_id]
+    # Every run of the table measures the noise floors; the runs only there for it (`floor_only`) are not drawn.
+    table, shown = runs, selected_runs(runs)
+    refs, runs = shown[shown["group"] == REFERENCE_GROUP], shown[shown["group"] == group_id]
+    group = {**groups[group_id], "members": [m for m in groups[group_id]["members"] if m in set(runs["id"])]}
     if runs.empty:
         raise UserError(f"the table has no run of group {group_id}")
     if not (test_time["group"] == group_id).any():

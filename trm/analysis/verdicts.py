@@ -11,8 +11,10 @@ the 95% interval of every difference it reads excludes the other outcome; `incon
 difference, its half-width and the seeds per point that would resolve it); `no signal` when its metric is the
 same for every run it reads; `not enough data` when a member it needs has no row or did not measure the metric
 (NaN); `no effect at this scale` when the runs of a member it compares are the same runs as its reference's
-(the table's weights_sha256 and the same value: the treatment did not act). Single runs borrow the noise floor measured on the seeds of the baselines and reference runs, and
-accuracies their sampling interval over the test split's `--test-puzzles`. A group is not supported when any
+(the table's weights_sha256 and the same value: the treatment did not act). Single runs borrow the noise floor
+measured on the seeds of the baselines and reference runs, and accuracies their sampling interval over the test
+split's `--test-puzzles`. Rows marked `floor_only` (a selection's table holds the study's reference set for the
+floor, trm/study/selection.py) measure the floor and are judged in no criterion. A group is not supported when any
 criterion is not, supported when all are, lacks data when any criterion does, has no signal when none of its
 criteria has any, has no effect at this scale when its criteria have no signal or no effect, and is inconclusive
 otherwise. Writes OUTPUT/verdicts.json and OUTPUT/verdicts.md (every group),
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trm import storage
-from trm.analysis.aggregate import RUN_TABLE_COLUMNS, read_table
+from trm.analysis.aggregate import RUN_TABLE_COLUMNS, read_table, selected_runs
 from trm.analysis.judge import (
     PUZZLE_SD_COLUMNS,
     judge_criterion,
@@ -171,10 +173,11 @@ def judge_groups(
         raise UserError(f"{source} has no column {', '.join(absent)} (is it `trm aggregate`'s table?)")
     _check_numbers(table, metrics + sds, source)
     floors = noise_floors(table, metrics, reference_ids(table))
+    judged = selected_runs(table)
     return {
         "scale": scale,
         "note": SMOKE_NOTE if scale == "smoke" else "",
-        "groups": [evaluate_group(g, table, scale, floors, test_puzzles) for g in groups],
+        "groups": [evaluate_group(g, judged, scale, floors, test_puzzles) for g in groups],
     }
 
 
@@ -299,7 +302,7 @@ def _select(groups: list[dict], table: pd.DataFrame, wanted: list[str], table_pa
         raise UserError(f"unknown group {', '.join(unknown)}: one of {', '.join(by_id)}")
     if wanted:
         return [by_id[g] for g in wanted]
-    present = set(table["id"])
+    present = set(selected_runs(table)["id"])
     selected = [g for g in groups if present & set(g["members"])]
     if not selected:
         raise UserError(f"{table_path}: no run of any group of the study")

@@ -1,12 +1,18 @@
 """A study's planned cost: each run's estimated accelerator-hours, the dry run's summary and each job's message.
 
-From the roofline times of a run's compiled steps where `trm compile-check` compiled them for the slice, else
-from its FLOPs and batch at the assumed utilization (trm/study/estimate.py; model costs cached by config hash in
-RESULTS/.cache/model-costs.json). A step's figures are DIR/<accelerator>/<step hash>.json, looked up first in
-this machine's compiles (DIR = RESULTS/compile, the workflow's compile_check target, workflow/rules/compile.smk),
-then in the repository's (DIR = config/compiled, refreshed by the compiled_figures target). The step hash covers
-the step's config and source code (trm/launch/accelerators.py), so a figure of other code or config is not found:
-that run is planned at the assumed utilization, and the plan says which runs are.
+A local study's runs are estimated from this machine's measured runs (trm/study/measured.py: the step time of runs
+of the same step shape, else the measured FLOP rate, and the measured start-up per job); a TPU study's at the paper
+scale from the roofline times of its compiled steps where `trm compile-check` compiled them for the slice; any
+other run from its FLOPs and batch at the assumed utilization (trm/study/estimate.py; model costs cached by config
+hash in RESULTS/.cache/model-costs.json). The summary counts only the runs left to train (a finished run, whose
+summary is in RESULTS/runs/ or whose local run dir holds _SUCCESS, costs nothing), and a local study's compares the
+estimate with the last table's measured wall time.
+
+A step's compiled figures are DIR/<accelerator>/<step hash>.json, looked up first in this machine's compiles
+(DIR = RESULTS/compile, the workflow's compile_check target, workflow/rules/compile.smk), then in the
+repository's (DIR = config/compiled, refreshed by the compiled_figures target). The step hash covers the step's
+config and source code (trm/launch/accelerators.py), so a figure of other code or config is not found: that run is
+planned at the assumed utilization, and the plan says which runs are.
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ from trm.study.estimate import (
     evaluation_flops,
     evaluation_passes,
     training_flops,
+    training_steps,
 )
+from trm.study.measured import Measurements, finished_runs, step_key
 from trm.study.plan import experiment_of
 from trm.study.scale import TEST_PUZZLES
 
@@ -41,8 +49,13 @@ COMPILED_FIGURES = "config/compiled"
 MAX_NAMED = 6  # runs without compiled figures named in the plan's figures line (more are counted)
 
 
+# How a run was estimated (Costs.source).
+COMPILED, SAME_STEP, MEASURED_RATE, ASSUMED = "compiled", "same step", "measured rate", "assumed"
+
+
 class Costs:
-    """The estimates of a study's runs (`hours[exp_id]`: training and evaluation accelerator-hours)."""
+    """The estimates of a study's runs (`hours[exp_id]`: training, evaluation and, from measurements, start-up
+    accelerator-hours; `source[exp_id]`: how; `finished`: the config hashes of the finished runs)."""
 
     def __init__(self, study: Study) -> None:
         self.study = study
@@ -51,18 +64,25 @@ class Costs:
         self.device_hours = f"{self.accelerator['name']}-hours"
         self.test_puzzles = TEST_PUZZLES[study.scale]
         self.hours: dict[str, dict[str, float]] = {}
+        self.source: dict[str, str] = {}
         # Experiments estimated from their compiled steps -> the file of the figures used.
         self.compiled: dict[str, str] = {}
+        # A local study's measured runs (the local backend runs on this machine; TPU jobs do not).
+        self.measured = Measurements(study.results) if study.backend == "local" else None
         cache = CostCache(os.path.join(config["results"], ".cache", "model-costs.json"))
         for exp in study.plan.values():
-            if exp.replicate:  # the seed changes no cost: its experiment's (planned just before it)
-                self.hours[exp.id] = self.hours[exp.experiment]
+            if exp.replicate and exp.experiment in self.hours:  # the seed changes no cost: its experiment's
+                self.hours[exp.id], self.source[exp.id] = (
+                    self.hours[exp.experiment],
+                    self.source[exp.experiment],
+                )
                 if exp.experiment in self.compiled:
                     self.compiled[exp.id] = self.compiled[exp.experiment]
                 continue
             devices = study.job_devices(exp.id)
             if found := self._compiled_seconds(exp):
                 seconds, self.compiled[exp.id] = found
+                self.source[exp.id] = COMPILED
                 self.hours[exp.id] = compiled_run_hours(
                     exp.config,
                     seconds,
@@ -84,9 +104,20 @@ class Costs:
                     study.test_time_subset,
                 ),
             }
+            if self.measured:
+                key = step_key(exp.config, devices)
+                steps = training_steps(exp.config)
+                seconds = self.measured.seconds(key, devices, steps, flops["training"], flops["evaluation"])
+                self.hours[exp.id] = {part: s * devices / 3600 for part, s in seconds.items()}
+                self.source[exp.id] = SAME_STEP if self.measured.same_shape(key) else MEASURED_RATE
+                continue
             peak, utilization = self.accelerator["peak_flops"], self.accelerator["utilization"]
             self.hours[exp.id] = {k: accelerator_hours(v, peak, utilization) for k, v in flops.items()}
+            self.source[exp.id] = ASSUMED
         cache.save()
+        self.finished = finished_runs(
+            study.results, {exp.hash: study.run_url(exp.id) for exp in study.plan.values()}
+        )
 
     def accelerator_of(self, exp_id: str) -> str:
         """The slice type of the experiment's job (launch.tpu.accelerator_type, or its launch.per_experiment one)."""
@@ -140,39 +171,91 @@ class Costs:
     def _assumed(self) -> str:
         return f"an assumed {self.accelerator['utilization']:.0%} of peak"
 
+    def _measured(self) -> str:
+        """Where a local study's measurements come from, in words."""
+        return f"this machine's measured runs ({len(self.measured.runs)} in {self.study.results}'s tables)"
+
+    def _source_words(self, source: str, their: str = "their") -> str:
+        """How a run was estimated (`source`), in words; `their`: "its" for one job's message."""
+        if source == COMPILED:
+            return f"at {their} compiled steps' roofline times (a best case)"
+        if source == SAME_STEP:
+            return f"at the step time measured for {their} step's shape ({self._measured()})"
+        if source == MEASURED_RATE:
+            return f"at the FLOP rate measured on this machine (no measured run of {their} step's shape)"
+        # The assumed utilization is a guess, not a calibration (at 10%, the smoke study took 6.5 times less than
+        # estimated), so the line says what the figure is.
+        return f"at {self._assumed()} (a rough bound, not a forecast)"
+
+    def _source_text(self, runs: list[str]) -> str:
+        """How the given runs were estimated, for the summary's first line."""
+        counts = collections.Counter(self.source[r] for r in runs)
+        if len(counts) == 1:
+            (source,) = counts
+            return ("every run " if source == COMPILED else "") + self._source_words(source)
+        order = (COMPILED, SAME_STEP, MEASURED_RATE, ASSUMED)
+        parts = [f"{counts[source]} {self._source_words(source)}" for source in order if counts[source]]
+        return f"{parts[0].replace(' ', ' runs ', 1)}, {', '.join(parts[1:])}"
+
     def summary(self) -> str:
-        """The study's line of the dry run, then its training and evaluation hours."""
+        """The study's line of the dry run, then the hours of the runs left to train, and how a local study's
+        estimate compares with the last table's measured wall time."""
         study = self.study
         runs = study.runs()
-        compiled = sum(first in self.compiled for first in runs)
-        # The assumed utilization is a guess, not a calibration (at 10%, smoke runs took 1.5 to 8 times less than
-        # estimated), so the line says what the figure is.
-        assumed = f"{self._assumed()} (a rough bound, not a forecast)"
-        roofline = "at their compiled steps' roofline times (a best case)"
-        if not compiled:
-            source = f"at {assumed}"
-        elif compiled == len(runs):
-            source = f"every run {roofline}"
-        else:
-            source = f"{compiled} runs {roofline}, {len(runs) - compiled} at {assumed}"
+        todo = [first for first in runs if study.plan[first].hash not in self.finished]
         references = f" and {len(study.references)} reference" if study.references else ""
-        experiments = sum(not exp.replicate for exp in study.plan.values()) - len(study.references)
-        # Replicates (seeds beyond each experiment's first) on a line of their own: what the noise floor costs.
-        replicates = [first for first in runs if study.plan[first].replicate]
-        own = [first for first in runs if not study.plan[first].replicate]
-        lines = [
-            f"TRM study, scale {study.scale}: {experiments} experiments in "
-            f"{len(study.selected_groups)} groups{references}, {len(study.datasets)} datasets, {len(runs)} distinct "
-            f"runs; estimated {source}:"
-        ]
+        experiments = sum(not exp.replicate for exp in study.plan.values() if exp.id not in study.floor_only)
+        experiments -= len(study.references)
+        floor = f" ({len(study.floor_only)} only for the noise floor)" if study.floor_only else ""
+        finished = (
+            f", {len(runs) - len(todo)} finished, {len(todo)} to train" if len(todo) < len(runs) else ""
+        )
+        head = (
+            f"TRM study, scale {study.scale}: {experiments} experiments in {len(study.selected_groups)} groups"
+            f"{references}, {len(study.datasets)} datasets, {len(runs)} distinct runs{floor}{finished}"
+        )
+        lines = [f"{head}; estimated {self._source_text(todo)}:" if todo else f"{head}: nothing to train"]
+        if todo:
+            lines += self._hours_lines(todo)
+            if figures := self._figures_line(todo):
+                lines.append(figures)
+        if self.measured and (last := self.measured.last_study()):
+            path, measured, estimated = last
+            lines.append(
+                f"  {'measured:':<12}the runs of the last table ({path}) took {measured:.3g} h of jobs; this "
+                f"estimate gives them {estimated:.3g} h ({estimated / measured:.2f} x measured)"
+            )
+        if todo and (price := self.accelerator.get("price_per_hour")) is not None:
+            hours = sum(sum(self.hours[first].values()) for first in todo)
+            lines.append(
+                f"  {'price:':<12}${hours * price:,.0f} for these {hours:.4g} {self.device_hours} at ${price:g} each "
+                "(accelerator.price_per_hour; a slice bills while it exists, busy or idle: a lower bound)"
+            )
+        return "\n".join(lines)
+
+    def _hours_lines(self, runs: list[str]) -> list[str]:
+        """Training, evaluation and (measured) start-up hours of the given runs; their replicates on a line of
+        their own: what the noise floor costs."""
+        study = self.study
         if len({study.job_devices(e) for e in study.plan}) == 1:
             shapes = f"on {study.job_devices(None)} devices each"
         else:
             shapes = "each on its own devices"
-        for part in ("training", "evaluation"):
-            hours = sum(self.hours[first][part] for first in own)
-            wall = sum(self.hours[first][part] / study.job_devices(first) for first in own)
-            lines.append(f"  {f'{part}:':<12}{hours:.4g} {self.device_hours} ({wall:.4g} h of jobs {shapes})")
+        replicates = [first for first in runs if study.plan[first].replicate]
+        own = [first for first in runs if not study.plan[first].replicate]
+        lines = []
+        for part in ("training", "evaluation", "start-up"):
+            hours = sum(self.hours[first].get(part, 0.0) for first in own)
+            wall = sum(self.hours[first].get(part, 0.0) / study.job_devices(first) for first in own)
+            if part != "start-up":
+                lines.append(
+                    f"  {f'{part}:':<12}{hours:.4g} {self.device_hours} ({wall:.4g} h of jobs {shapes})"
+                )
+            elif hours:
+                lines.append(
+                    f"  {f'{part}:':<12}{hours:.4g} {self.device_hours} ({wall:.4g} h of jobs {shapes}): "
+                    f"{self.measured.start_up_s:.3g} s per job, measured outside steps and evaluations"
+                )
         if replicates:
             hours = sum(sum(self.hours[first].values()) for first in replicates)
             wall = sum(sum(self.hours[first].values()) / study.job_devices(first) for first in replicates)
@@ -180,15 +263,7 @@ class Costs:
                 f"  {'replicates:':<12}{len(replicates)} runs (more seeds: replicates.{study.scale}), {hours:.4g} "
                 f"{self.device_hours} of training and evaluation ({wall:.4g} h of jobs {shapes})"
             )
-        if figures := self._figures_line(runs):
-            lines.append(figures)
-        if (price := self.accelerator.get("price_per_hour")) is not None:
-            hours = sum(self.hours[first]["training"] + self.hours[first]["evaluation"] for first in runs)
-            lines.append(
-                f"  {'price:':<12}${hours * price:,.0f} for these {hours:.4g} {self.device_hours} at ${price:g} each "
-                "(accelerator.price_per_hour; a slice bills while it exists, busy or idle: a lower bound)"
-            )
-        return "\n".join(lines)
+        return lines
 
     def _figures_line(self, runs: list[str]) -> str | None:
         """Where a TPU study's compiled figures come from (the folders, runs from each), and which runs have none
@@ -210,15 +285,19 @@ class Costs:
         )
 
     def message(self, exp_id: str) -> str:
-        """The job's estimate, training and evaluation on separate labelled lines (evaluation as the trainer runs
-        it: trm/study/estimate.py)."""
+        """The job's estimate, training and evaluation (and measured start-up) on separate labelled lines
+        (evaluation as the trainer runs it: trm/study/estimate.py)."""
         study = self.study
         first = study.first_with_same_run(exp_id)
         if first != exp_id:
             return f"train {exp_id}: same config as {first}, whose run it collects (no training)"
+        exp = study.plan[exp_id]
+        if exp.hash in self.finished:
+            return (
+                f"train {exp_id}: its run {exp.hash} has finished: the job only summarises it (no training)"
+            )
         hours, devices = self.hours[exp_id], study.job_devices(exp_id)
         steps = study.test_time_steps
-        exp = study.plan[exp_id]
         config = exp.config
         replicate = (
             f"; replicate {exp.replicate} of {exp.experiment} (train.seed {config['train']['seed']})"
@@ -226,15 +305,20 @@ class Costs:
             else ""
         )
         passes = evaluation_passes(config, self.test_puzzles, steps, devices, study.test_time_subset)
-        source = (
-            f"at its compiled steps' roofline times ({self.compiled[exp_id]}), a best case"
-            if exp_id in self.compiled
-            else f"from its FLOPs and batch at {self._assumed()}"
-        )
+        source = self.source[exp_id]
+        if source == COMPILED:
+            source = f"at its compiled steps' roofline times ({self.compiled[exp_id]}), a best case"
+        elif source == ASSUMED:
+            source = f"from its FLOPs and batch at {self._assumed()}"
+        else:
+            source = self._source_words(source, "its")
         unit = self.device_hours
-        return (
-            f"train {exp_id}: estimated on the job's {devices} devices, {source}{replicate}\n"
-            f"    training:   {hours['training']:.4g} {unit} ({hours['training'] / devices:.3g} h on them)\n"
+        lines = [
+            f"train {exp_id}: estimated on the job's {devices} devices, {source}{replicate}",
+            f"    training:   {hours['training']:.4g} {unit} ({hours['training'] / devices:.3g} h on them)",
             f"    evaluation: {hours['evaluation']:.4g} {unit} ({hours['evaluation'] / devices:.3g} h on them): "
-            f"{describe_evaluation(passes, steps)}"
-        )
+            f"{describe_evaluation(passes, steps)}",
+        ]
+        if hours.get("start-up"):
+            lines.append(f"    start-up:   {hours['start-up'] / devices * 3600:.3g} s (measured per job)")
+        return "\n".join(lines)

@@ -12,6 +12,9 @@ in it; every job is known then (no checkpoints), so a dry run shows the whole st
 
 Each experiment runs `replicates.SCALE` seeds: replicate k (id EXP~sK, k >= 1) is the experiment's config with
 train.seed + k, planned as a run of its own; replicate 0 is the experiment itself (id EXP).
+A selection (not every experiment) also plans the runs of the study's reference set that it did not select, whose
+seeds measure the noise floor, and writes its table, verdicts and plots in a folder of its own
+(trm/study/selection.py): `floor_only` names those runs, `analysis` the folder.
 Experiments with the same resolved config (every group's baseline) share one run: the first with that config
 hash trains it, the others only collect it. Each distinct run has one job file, RESULTS/jobs/<hash>.json
 (trm/launch/job.py), written by `write_jobs`; the train rule runs `trm launch --job FILE`, and the aggregate rule
@@ -24,7 +27,6 @@ argument lists, never pre-joined text, and every placeholder of a rule's shell c
 
 from __future__ import annotations
 
-import csv
 import os
 import subprocess
 import sys
@@ -38,7 +40,7 @@ from trm.run.spec import Run
 from trm.storage import GCS_SCHEMES, PlaceholderBucket, check_url
 from trm.storage import join as url_join
 from trm.study.costs import COMPILED_FIGURES, Costs
-from trm.study.groups import REFERENCE_GROUP, load_groups
+from trm.study.groups import REFERENCE_GROUP, load_groups, load_references
 from trm.study.plan import (
     Experiment,
     check_batches,
@@ -47,8 +49,10 @@ from trm.study.plan import (
     plan_study,
     replicate_of,
     run_dir_of,
+    seedless_hash,
     stage_receipt,
 )
+from trm.study.selection import SELECTIONS, reference_set, selection_name
 from trm.study.settings import SourceOf, check_settings, load_schema
 
 # Commands run with the `trm` of the environment running Snakemake, so an unactivated venv works
@@ -90,9 +94,8 @@ def _get(settings: dict, dotted: str):
 class Study:
     """The workflow's settings `config` (Snakemake's, checked and converted in place), planned and estimated.
 
-    `source_of(dotted)` names where a setting was set, for error messages; `reporting` is true for
-    `snakemake --report` (see `_report_selection`); `compiled_dir` holds the committed compiled figures
-    (trm/study/costs.py). Every error is a UserError of one line per problem.
+    `source_of(dotted)` names where a setting was set, for error messages; `compiled_dir` holds the committed
+    compiled figures (trm/study/costs.py). Every error is a UserError of one line per problem.
     """
 
     def __init__(
@@ -102,13 +105,13 @@ class Study:
         schema_path: str,
         experiments_dir: str = "config/experiments",
         groups_path: str = "config/groups.yaml",
-        reporting: bool = False,
         compiled_dir: str = COMPILED_FIGURES,
     ) -> None:
         # One readable line for a bad setting (unknown key, wrong type), naming where it was set; nested
         # `--config` values (`--config 'launch={hosts: 2}'`, read as strings) are converted to the schema's types.
         check_settings(config, load_schema(schema_path), source_of)
         self.config, self.source_of, self.experiments_dir = config, source_of, experiments_dir
+        self.groups_path = groups_path
         self.compiled_dir = compiled_dir
         # A storage URL with the docs' placeholder bucket: fine for a dry run, which reaches no storage; refused
         # before the first job that would (`check_before_jobs`).
@@ -119,8 +122,6 @@ class Study:
         self.tpu = {**tpu, "code_url": tpu["code_url"] or url_join(config["storage"], "code")}
         if self.backend == "tpu-vm":  # the launcher's own checks (names gcloud accepts, timeouts)
             self._with_source("launch.tpu", tpu_options.check, self.tpu)
-        if reported := self._report_selection(reporting):
-            config["experiments"], config["groups"] = reported, "all"
         experiments = plan_study(
             self.scale,
             config["experiments"],
@@ -129,26 +130,29 @@ class Study:
             groups_path,
             "workflow config",
         )
-        counts = self._replicate_counts(experiments, groups_path)
+        table = load_groups(groups_path, experiments_dir)
+        references = [ref["id"] for ref in load_references(groups_path, experiments_dir, table)]
         # Each experiment, then its replicates (ids EXP~s1, ...): replicate 0 is the experiment's own run.
-        self.plan: dict[str, Experiment] = {
-            run.id: run
-            for exp in experiments
-            for run in [exp, *(replicate_of(exp, k) for k in range(1, counts[exp.id]))]
-        }
+        self.plan: dict[str, Experiment] = self._with_replicates(experiments, table)
+        floor = self._floor_runs(reference_set(table, references), table)
+        self.floor_only = list(floor)  # not selected: in the table only for the noise floor
+        self.plan.update(floor)
+        selection = selection_name([e.id for e in experiments], table, references)
         self._check_launch(experiments_dir)
         self.results = os.path.join(config["results"], self.scale)
+        # The table, verdicts and plots: the whole study's in RESULTS, a selection's in its own folder.
+        self.selection = selection
+        self.analysis = (
+            self.results if selection is None else os.path.join(self.results, SELECTIONS, selection)
+        )
         self.storage = url_join(config["storage"], self.scale)
         self.test_time_steps: list[int] = config["test_time_steps"][self.scale]
         self.test_time_subset: int | None = config["test_time_subset"][
             self.scale
         ]  # None: the whole test split
-        self.selected_groups = list(
-            dict.fromkeys(e.group for e in self.plan.values() if e.group != REFERENCE_GROUP)
-        )
-        self.references = [
-            exp.id for exp in self.plan.values() if exp.group == REFERENCE_GROUP and not exp.replicate
-        ]
+        selected = [exp for exp in self.plan.values() if exp.id not in floor]
+        self.selected_groups = list(dict.fromkeys(e.group for e in selected if e.group != REFERENCE_GROUP))
+        self.references = [exp.id for exp in selected if exp.group == REFERENCE_GROUP and not exp.replicate]
         self.datasets = sorted({exp.dataset for exp in self.plan.values()})
         self.first_with_hash: dict[str, str] = {}
         for exp in self.plan.values():
@@ -193,14 +197,42 @@ class Study:
             same = [exp for exp in self.plan.values() if self.job_devices(exp.id) == devices]
             self._with_source("launch", check_batches, same, devices, where)
 
-    def _replicate_counts(self, experiments: list[Experiment], groups_path: str) -> dict[str, int]:
+    def _with_replicates(self, experiments: list[Experiment], table: list[dict]) -> dict[str, Experiment]:
+        """Each experiment's runs by id: the experiment, then its replicates EXP~s1, ... (`_replicate_counts`)."""
+        counts = self._replicate_counts(experiments, table)
+        return {
+            run.id: run
+            for exp in experiments
+            for run in [exp, *(replicate_of(exp, k) for k in range(1, counts[exp.id]))]
+        }
+
+    def _floor_runs(self, wanted: list[str], table: list[dict]) -> dict[str, Experiment]:
+        """The runs of the reference set `wanted` (experiment ids, with their replicates) that measure the noise
+        floor, a configuration with 2 or more seeds (a lone seed measures no spread), and that no run of the plan
+        shares: one id per distinct run, in the whole study's order; none when the plan holds every one."""
+        if all(exp_id in self.plan for exp_id in wanted):
+            return {}
+        planned = {exp.hash for exp in self.plan.values()}
+        where = (self.experiments_dir, self.groups_path, "workflow config")
+        runs = plan_study(self.scale, wanted, "all", *where, checked=True)  # the selection's plan checked it
+        runs = list(self._with_replicates(runs, table).values())
+        seeds: dict[str, set[int]] = {}
+        for run in runs:
+            seeds.setdefault(seedless_hash(run.config), set()).add(run.config["train"]["seed"])
+        floor = {}
+        for run in runs:
+            if run.hash not in planned and len(seeds[seedless_hash(run.config)]) >= 2:
+                planned.add(run.hash)
+                floor[run.id] = run
+        return floor
+
+    def _replicate_counts(self, experiments: list[Experiment], table: list[dict]) -> dict[str, int]:
         """Seeds per experiment from replicates.SCALE: its `experiments` entry, else the larger of its group's
         entry (or `seeds`) and, for a group's baseline member, `baseline`. Unknown ids are refused."""
         key = f"replicates.{self.scale}"
         setting = self.config["replicates"][self.scale]
-        table = load_groups(groups_path, self.experiments_dir)
         known = {
-            "groups": ([g["id"] for g in table], groups_path),
+            "groups": ([g["id"] for g in table], self.groups_path),
             "experiments": (experiment_ids(self.experiments_dir), self.experiments_dir),
         }
         for field, (ids, listed_in) in known.items():
@@ -218,24 +250,6 @@ class Study:
             )
             for exp in experiments
         }
-
-    def _report_selection(self, reporting: bool) -> list[str] | None:
-        """`snakemake --report` reports the DAG of the selection it is given. After a run of a selection
-        (`--config experiments=[exp01a]`), a plain `snakemake --report FILE` would ask for every experiment's
-        outputs (hundreds of "Missing metadata" warnings, then a missing plot). So a report given no selection of
-        its own covers the runs of the last table, the selection that was run; None when it has one, or no
-        table exists."""
-        chosen = {self.source_of(key) for key in ("experiments", "groups")} != {DEFAULT_SETTINGS}
-        table = os.path.join(self.config["results"], self.scale, "table.csv")
-        if not reporting or chosen or not os.path.isfile(table):
-            return None
-        with open(table, newline="") as stream:
-            ids = list(dict.fromkeys(row["id"] for row in csv.DictReader(stream) if row.get("id")))
-        print(
-            f"report: the runs of {table} ({', '.join(ids)}); --config experiments=[...] reports others",
-            file=sys.stderr,
-        )
-        return ids or None
 
     # ------------------------------------------------------------------------------------------- jobs
 

@@ -1,7 +1,9 @@
 # Analysis: one table of all selected runs (with companion CSVs), the verdict of each selected group's success
-# criteria (config/groups.yaml), one plot per group, and the captions the HTML report shows them with.
+# criteria (config/groups.yaml), one plot per group, and the captions the HTML report shows them with; in ANALYSIS,
+# the whole study's folder or a selection's own (trm/study/selection.py). A selection's table also holds the runs of
+# the study's reference set it did not select, marked floor_only: the noise floor is always theirs.
 
-VERDICTS = os.path.join(RESULTS, "verdicts")
+VERDICTS = os.path.join(ANALYSIS, "verdicts")
 
 
 rule aggregate:
@@ -21,8 +23,10 @@ rule aggregate:
         test_time=f"{TABLE}-test-time.csv",
     params:
         trm=TRM,
-        ids=list(PLAN),
-        results=lambda wildcards, output: os.path.dirname(output.csv),
+        ids=[exp for exp in PLAN if exp not in study.floor_only],
+        floor_only=["--floor-only", *study.floor_only] if study.floor_only else [],
+        # The per-run files' folder (RESULTS), where the summaries and job files are.
+        results=lambda wildcards, input: os.path.dirname(os.path.dirname(input.jobs[0])),
         table=lambda wildcards, output: output.csv.removesuffix(".csv"),
         accelerator=[
             *("--peak-flops", config["accelerator"]["peak_flops"]),
@@ -30,10 +34,10 @@ rule aggregate:
             *("--test-puzzles", TEST_PUZZLES[config["scale"]]),
         ],
     log:
-        os.path.join(RESULTS, "logs", "aggregate.log"),
+        os.path.join(ANALYSIS, "logs", "aggregate.log"),
     shell:
-        "{params.trm:q} aggregate {params.ids:q} --results {params.results:q} --groups {input.groups:q} "
-        "{params.accelerator:q} --output {params.table:q} > {log:q} 2>&1"
+        "{params.trm:q} aggregate {params.ids:q} {params.floor_only:q} --results {params.results:q} "
+        "--groups {input.groups:q} {params.accelerator:q} --output {params.table:q} > {log:q} 2>&1"
 
 
 rule verdicts:
@@ -57,7 +61,7 @@ rule verdicts:
         groups=SELECTED_GROUPS,
         folder=lambda wildcards, output: os.path.dirname(output.json),
     log:
-        os.path.join(RESULTS, "logs", "verdicts.log"),
+        os.path.join(ANALYSIS, "logs", "verdicts.log"),
     shell:
         "{params.trm:q} verdicts {params.groups:q} --table {input.csv:q} --groups {input.groups:q} "
         "--scale {params.scale:q} --test-puzzles {params.test_puzzles:q} --output {params.folder:q} > {log:q} 2>&1"
@@ -84,7 +88,7 @@ rule plot_group:
         table=lambda wildcards, input: input.csv.removesuffix(".csv"),
         stem=lambda wildcards, output: output.png.removesuffix(".png"),
     log:
-        os.path.join(RESULTS, "logs", "plot", "{group}.log"),
+        os.path.join(ANALYSIS, "logs", "plot", "{group}.log"),
     shell:
         "{params.trm:q} plot-group {wildcards.group:q} --table {params.table:q} --groups {input.groups:q} "
         "--output {params.stem:q} > {log:q} 2>&1"

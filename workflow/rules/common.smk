@@ -21,12 +21,7 @@ def _source_of(dotted):
 
 
 try:
-    study = Study(
-        config,
-        _source_of,
-        workflow.source_path("../schemas/config.schema.yaml"),
-        reporting=any(arg == "--report" or arg.startswith("--report=") for arg in sys.argv[1:]),
-    )
+    study = Study(config, _source_of, workflow.source_path("../schemas/config.schema.yaml"))
     print(study.costs.summary(), file=sys.stderr)
     if study.placeholder_storage:  # a dry run reaches no storage; a real run refuses before its first job
         print(f"warning: {study.placeholder_storage} (needed before a real run)", file=sys.stderr)
@@ -41,10 +36,12 @@ except UserError as err:
 one_thread_per_job()
 
 PLAN = study.plan
-RESULTS = study.results
-TABLE = os.path.join(RESULTS, "table")
+RESULTS = study.results  # per-run files (summaries, job files, benchmarks), shared by every selection
+# The table, verdicts and plots: RESULTS for the whole study, RESULTS/selections/<name> for a selection's.
+ANALYSIS = study.analysis
+TABLE = os.path.join(ANALYSIS, "table")
 TABLE_CSV = f"{TABLE}.csv"
-PLOT_FILES = os.path.join(RESULTS, "plots", "{group}.{ext}")
+PLOT_FILES = os.path.join(ANALYSIS, "plots", "{group}.{ext}")
 SELECTED_GROUPS = study.selected_groups
 TEST_TIME_STEPS = ",".join(map(str, study.test_time_steps))
 
