@@ -13,8 +13,8 @@ Everything runs on this machine: the fake gcloud's slices are local processes (t
 is the GCS emulator. Faults a round may draw: preempt, kill-host, notice, kill-launcher, gcloud (describe: 503,
 429, network, a call that hangs past the launcher's 3 s gcloud timeout; create, delete, ssh: 503, 429,
 network), and with --controller-kills one kill-controller in half the rounds (snakemake killed, unlocked and
-restarted: its orphaned launchers keep training, so until one job at a time holds a run dir the restarted
-study may train a run twice). Not drawn: a hung ssh or create call, which the launcher waits out for 30 or 5
+restarted: each restarted launcher takes its run's lease over and stops the trainers its dead predecessor left
+on the slice, with a checkpoint, before it resumes; docs/tpu.md, "Faults a study survives"). Not drawn: a hung ssh or create call, which the launcher waits out for 30 or 5
 minutes by design (installing a slice takes minutes).
 """
 

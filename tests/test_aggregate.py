@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from workflow_support import finished_runs, study
 
-from trm.analysis.aggregate import RUN_TABLE_COLUMNS
+from trm.analysis.aggregate import RUN_TABLE_COLUMNS, repair_summaries
 from trm.analysis.judge import SUMMARY_FIELDS
 from trm.analysis.uncertainty import NO_INTERVAL, SAMPLING_ONLY, wilson_interval
 from trm.cli import main as trm_main
@@ -92,9 +92,37 @@ def test_a_missing_summary_names_the_file_and_who_writes_it(results, capsys):
     path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != "curve"}))
     assert aggregate(results, results / "t") == 2
     err = capsys.readouterr().err.strip()
-    assert err.endswith("exp01a.json: not a run summary of this version (no curve): delete it and rerun the run's "
-                        "train job, which summarises the finished run again")  # fmt: skip
+    assert err.endswith("exp01a.json: not a run summary of this version (no curve); rerun snakemake, which "
+                        "summarises the finished run again without training")  # fmt: skip
     assert "\n" not in err and "Traceback" not in err
+
+
+def test_a_damaged_summary_is_named_and_the_workflow_removes_it_to_summarise_the_run_again(results, capsys):
+    """A summary cut short (a full disk, a copy stopped halfway) looks done to Snakemake: the table refuses it in
+    one line, and the workflow, when it starts, removes it (a dry run only says so), so that the run's train job
+    summarises the finished run again instead of the table failing on every run."""
+    damaged, old = results / "runs/exp01c.json", results / "runs/exp01a.json"
+    text = damaged.read_text()
+    damaged.write_text(text[: len(text) // 2])
+    old.write_text(json.dumps({k: v for k, v in json.loads(old.read_text()).items() if k != "curve"}))
+    assert aggregate(results, results / "t") == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"trm aggregate: error: {old}: not a run summary of this version (no curve); rerun snakemake, which "
+        "summarises the finished run again without training\n"
+    )
+    paths = [str(results / f"runs/{exp}.json") for exp in EXPERIMENTS]
+    dry = repair_summaries(paths, dry_run=True)
+    assert dry[0].endswith(
+        "(no curve); a real run removes it and the run's train job summarises the finished run again"
+    )
+    assert dry[1].startswith(f"{damaged}: damaged (cut short, or edited?): not valid JSON at line 1 (")
+    assert damaged.exists() and old.exists()
+    assert [line.replace("a real run removes it and", "removed:") for line in dry] == repair_summaries(
+        paths, False
+    )
+    assert not damaged.exists() and not old.exists() and (results / "runs/exp04a_1000.json").exists()
+    assert repair_summaries(paths, dry_run=False) == []  # nothing left to remove
 
 
 def test_each_runs_config_is_its_job_files(results, capsys):

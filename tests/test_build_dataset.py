@@ -346,7 +346,9 @@ def test_load_split_errors_name_the_file(tmp_path, generated):
     with pytest.raises(UserError, match=r"test/all__labels\.npy: missing dataset file"):
         fmt.load_split(out, "test")
     (out / "train" / "dataset.json").write_text("{not json")
-    with pytest.raises(UserError, match=r"train/dataset\.json: not valid JSON"):
+    with pytest.raises(
+        UserError, match=r"train/dataset\.json: damaged \(cut short, or edited\?\): not valid JSON"
+    ):
         fmt.load_split(out, "train")
     metadata = fmt.sudoku_metadata(4)
     del metadata["seq_len"]

@@ -6,11 +6,10 @@ not depend on the machine's speed: transient gcloud errors (503, 429, a call tha
 gcloud timeout), a preempted slice, a preemption notice to one host, a host's trainer killed outright, and one
 job's controller (its `trm launch`) killed, which Snakemake starts again.
 
-Not here yet: snakemake itself killed and restarted (`--unlock`, the same command). Its orphaned launchers keep
-training while the new ones start: a new launcher took the slice an orphan of another run had just released
-and trained the same run beside its orphan, one of them failed on the other's deleted checkpoint
-(FileNotFoundError .../ckpt/100) and a Snakemake retry finished it. It waits for one job to train a run dir at a
-time (a lease in the run dir).
+Not here: snakemake itself killed and restarted (`--unlock`, the same command; docs/tpu.md, "Faults a study
+survives", says what happens). With its whole process group killed, the launchers die and their trainers train
+on; the restarted launcher of each run takes its lease over (the holder's process is gone), starts on the run's
+last slice, whose start script stops the orphaned trainers with a checkpoint, and resumes: nothing trains twice.
 """
 
 from __future__ import annotations

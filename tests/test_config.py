@@ -101,6 +101,33 @@ def test_wrong_type_names_key_expected_type_and_value(tmp_path, text, key, expec
     assert str(err.value).endswith(f"got {got}")
 
 
+def _number_keys(node: dict, prefix: str = "") -> list[str]:
+    """The dotted keys whose schema type is a number."""
+    if "properties" in node:
+        return [
+            k for key, child in node["properties"].items() for k in _number_keys(child, f"{prefix}{key}.")
+        ]
+    types = node.get("type")
+    return [prefix[:-1]] if "number" in (types if isinstance(types, list) else [types]) else []
+
+
+def test_nan_and_inf_are_refused_by_every_number_setting(tmp_path):
+    """YAML's .nan passes every bound (nan > 0 and nan <= 0 are both false) and .inf every lower one: no setting
+    means either, and a config holding one cannot be written as JSON. One line naming the file and the key."""
+    path = write(tmp_path, "optim:\n  lr: .nan\n")
+    with pytest.raises(UserError) as err:
+        load_config(path)
+    assert str(err.value) == f"{path}: optim.lr: expected a number > 0, got .nan (not a finite number)"
+    keys = _number_keys(schema())
+    assert len(keys) >= 10 and "optim.lr" in keys and "schedules.halt_exploration.start" in keys
+    for key in keys:
+        for value in (".nan", ".inf", "-.inf"):
+            with pytest.raises(UserError) as err:
+                load_config(None, [f"{key}={value}"])
+            assert str(err.value).startswith(f"--set {key}={value}: {key}: expected ")
+            assert str(err.value).endswith(f", got {value} (not a finite number)")
+
+
 @pytest.mark.parametrize(
     "text, fragments",
     [

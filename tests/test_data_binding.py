@@ -194,7 +194,7 @@ def test_a_run_dir_is_bound_to_the_content_of_its_dataset(tmp_path, easy_data):
     ):
         layout.bound_data(run)
     (tmp_path / "run" / layout.DATA).write_text("{trunc")
-    with pytest.raises(UserError, match=r"data.json: not valid JSON"):
+    with pytest.raises(UserError, match=r"data.json: damaged \(cut short, or edited\?\): not valid JSON"):
         layout.bound_data(run)
     assert json.loads(record) == {"manifest_sha256": "1" * 64, "url": "file:///a"}
 

@@ -54,7 +54,7 @@ def test_distributed_options_from_flags_and_environment(monkeypatch):
         (["--coordinator", "h:1", "--num-processes", "2", "--process-id", "2"], {}, "must lie in 0..1"),
         (["--num-processes", "2"], {}, "need --coordinator"),
         ([], {"TRM_HEARTBEAT_TIMEOUT": "soon"}, "TRM_HEARTBEAT_TIMEOUT='soon': expected an integer"),
-        (["--shutdown-timeout", "0"], {}, "--shutdown-timeout 0: must be >= 1"),
+        ([], {"TRM_SHUTDOWN_TIMEOUT": "0"}, "--shutdown-timeout 0: must be >= 1"),
     ],
 )
 def test_bad_distributed_settings_are_named(monkeypatch, argv, env, message):
@@ -182,7 +182,9 @@ def test_hosts_that_do_not_stop_within_the_grace_are_killed(capsys, monkeypatch)
 
 def test_launch_rejects_bad_arguments(capsys):
     assert trm(["launch", "--hosts", "0", "--config", "c"]) == 2
-    assert "--hosts 0: must be >= 1" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        "trm launch: error: argument --hosts: expected an integer >= 1, got '0' (see trm launch --help)\n"
+    )
     assert trm(["launch", "--hosts", "2", "--data", "d"]) == 2
     assert "trm launch: error: no --config, --run-dir: trm launch --job FILE, or" in capsys.readouterr().err
     assert trm(["launch", "--config", "c", "--data", "d", "--run-dir", "r", "--", "--process-id", "1"]) == 2

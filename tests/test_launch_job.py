@@ -152,5 +152,7 @@ def test_by_hand_the_launcher_builds_the_job_a_job_file_would_hold(tmp_path, cap
     assert read_job(str(tmp_path / "job.json")) == job
     assert args.train_args == ["--", "-x"]  # the trainer's other options, passed to every host as they are
     assert trm(["launch", *run, "--test-time-subset", "0"]) == 2
-    assert "trm launch: error: --test-time-subset 0: must be >= 1" in capsys.readouterr().err
+    assert "trm launch: error: argument --test-time-subset: expected an integer >= 1, got '0'" in (
+        capsys.readouterr().err
+    )
     assert not list(tmp_path.glob("run-*"))

@@ -5,11 +5,16 @@ tests/test_local_estimate.py. The Snakemake layer over it is tested in tests/tes
 
 from __future__ import annotations
 
+import copy
+import functools
+import itertools
 import json
+import math
+import re
 import subprocess
 
 import pytest
-from workflow_support import REPO, TPU_PROFILE, refused, study
+from workflow_support import DEFAULTS, REPO, TPU_PROFILE, refused, study
 
 from trm.config import config_hash
 from trm.errors import UserError
@@ -18,10 +23,28 @@ from trm.study.estimate import evaluation_flops, evaluation_passes, model_costs,
 from trm.study.groups import load_groups
 from trm.study.plan import dataset_name, plan_study
 from trm.study.scale import SMOKE
-from trm.study.settings import setting_source
+from trm.study.settings import check_settings, load_schema, setting_source
 from trm.study.study import CLOUD_RULES, TRM, Study
 
 # ------------------------------------------------------------------------------------------------ settings
+
+
+def test_nan_and_inf_are_refused_by_every_number_setting(tmp_path):
+    """.nan passes every bound of the schema and .inf every lower one: no setting means them (a poll every nan
+    seconds, a price of inf)."""
+    assert refused(tmp_path, {"launch": {"tpu": {"poll_seconds": ".nan"}}}) == (  # as --config gives it
+        "--config: setting 'launch.tpu.poll_seconds' = .nan is not valid: expected a finite number (every "
+        "setting: docs/configuration.md)"
+    )
+    schema = load_schema(str(REPO / "workflow/schemas/config.schema.yaml"))
+    keys = ["launch.tpu.poll_seconds", "launch.tpu.stale_after_seconds", "accelerator.peak_flops"]
+    keys += ["accelerator.utilization", "accelerator.price_per_hour"]
+    for key, value in itertools.product(keys, (math.nan, math.inf)):
+        settings = copy.deepcopy(DEFAULTS)
+        parent, _, name = key.rpartition(".")
+        functools.reduce(dict.get, parent.split("."), settings)[name] = value
+        with pytest.raises(UserError, match=f"setting '{re.escape(key)}' = \\.(nan|inf) is not valid"):
+            check_settings(settings, schema, lambda _: "config/config.yaml")
 
 
 def test_bad_settings_are_one_line_naming_where_they_were_set(tmp_path):

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from trm import storage
-from trm.analysis.summary import SUMMARY_KEYS, _pooled_variance, run_metrics, weights_digest
+from trm.analysis.summary import REEVALUATE, SUMMARY_KEYS, _pooled_variance, run_metrics, weights_digest
 from trm.cli import main as trm_main
+from trm.run import layout
 from trm.study.metrics import SUMMARY_METRICS, TEST_TIME_METRICS
 from trm.train.records import EVAL_STATS, best_evaluation
 
@@ -132,6 +133,33 @@ def test_an_evaluation_of_another_checkpoint_is_refused(tmp_path, capsys):
     storage.write_text(url, json.dumps({**evaluation, "checkpoint_step": 300}))
     assert summarize(run, tmp_path / "exp.json") == 2
     assert "evaluates the checkpoint of step 300, but the run finished at step 400" in capsys.readouterr().err
+    assert not (tmp_path / "exp.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "line", "remedy"),
+    [
+        ("metrics.jsonl", 5, layout.RETRAIN),  # its last record cut short
+        ("config.json", 1, layout.RETRAIN),
+        ("final.json", 1, REEVALUATE),
+        ("test_time.json", 1, REEVALUATE),
+    ],
+)
+def test_a_damaged_file_of_a_finished_run_is_named_with_its_line_and_what_to_do(
+    tmp_path, capsys, name, line, remedy
+):
+    """A file cut short (a crash, a full disk) or edited: one line naming it, where it stops parsing and what to
+    do (the evaluation's files are made again from the last checkpoint; the training's only by training)."""
+    run = finished_run(str(tmp_path / "storage"))
+    url = storage.join(run, name)
+    text = storage.read_text(url)
+    storage.write_text(url, text[: len(text.rstrip()) - 20])
+    assert summarize(run, tmp_path / "exp.json") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"trm summarize: error: {url}: damaged (cut short, or edited?): not valid JSON at line {line} ("
+    )
+    assert err.endswith(f"); {remedy}\n") and err.count("\n") == 1
     assert not (tmp_path / "exp.json").exists()
 
 

@@ -254,7 +254,7 @@ def test_a_subset_below_one_is_refused_in_one_line(tmp_path, capsys):
     ]
     assert trm([*args, "--test-time-subset", "0"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        "trm train: error: --test-time-subset 0: must be >= 1"
+        "trm train: error: argument --test-time-subset: expected an integer >= 1, got '0' (see trm train --help)"
     ]
 
 

@@ -332,6 +332,25 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     )
     assert "Nothing to be done" in again.stdout + again.stderr
 
+    # A summary cut short looks done to Snakemake: the next run removes it, and the run's job summarises the
+    # finished run again, without training it.
+    damaged = "results/smoke/runs/exp04a_100.json"
+    whole = (workdir / damaged).read_text()
+    (workdir / damaged).write_text(whole[: len(whole) // 2])
+    repaired = subprocess.run(
+        [SNAKEMAKE, "--cores", "1", damaged, *config],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert repaired.returncode == 0, repaired.stderr[-4000:]
+    assert f"note: {damaged}: damaged (cut short, or edited?): not valid JSON at line " in repaired.stderr
+    assert "removed: the run's train job summarises the finished run again" in repaired.stderr
+    assert (workdir / damaged).read_text() == whole
+    log = (results / "logs/train/exp04a_100.log").read_text()
+    assert "summarised" in log and "[host 0]" not in log  # not trained again
+
     # Changing one experiment reruns it, its evaluation, the table and the plots; not the other experiment.
     exp_file = workdir / "config/experiments/exp01a.yaml"
     exp_file.write_text(exp_file.read_text().replace("num_heads: 4", "num_heads: 2"))

@@ -148,6 +148,20 @@ def test_nested_settings_from_the_command_line_are_typed_and_errors_are_one_line
         assert "Failed validating" not in output and "Traceback" not in output  # no schema dump, no traceback
 
 
+def test_a_results_folder_that_cannot_be_written_is_one_line(workdir):
+    """The job files are written at parse time: a results folder that refuses them (read-only, full, or a file in
+    the way, as here: root may write anywhere) is the one-line refusal of every other parse-time error."""
+    (workdir / "results/smoke").mkdir(parents=True)
+    (workdir / "results/smoke/jobs").write_text("")
+    code, output = dry_run(workdir, "--config", "experiments=[exp01a]")
+    assert code != 0
+    path = f"results/smoke/jobs/{plan_study('smoke', ['exp01a'])[0].hash}.json"
+    assert (
+        f"cannot write {workdir / path}: {workdir / 'results/smoke/jobs'} is a file, not a folder" in output
+    )
+    assert "trm/storage.py" not in output and "UserError" not in output, output[-3000:]  # no frames of ours
+
+
 def test_an_experiment_file_no_group_lists_stops_only_its_own_run(workdir):
     (workdir / "config/experiments/exp99_new.yaml").write_text("{}\n")
     code, output = dry_run(workdir, "--config", "experiments=[exp01a]")

@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 from trm.checkout import foreign_checkout_note
-from trm.errors import UserError
+from trm.errors import UserError, system_refusal
 from trm.platform import choose_platform
 
 # name -> (module, one-line help), in pipeline order. The module's docstring is the subcommand's long description.
@@ -63,8 +64,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser whose refusal of an argument is one line, as every other error of `trm`: the usage it
+    would print first is in `--help`."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _build_parser(selected: str | None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="trm",
         description="Tiny Recursive Model scaling study: data, training and evaluation.",
         epilog="Run 'trm COMMAND --help' for the options of one command.",
@@ -90,7 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     selected = next((a for a in argv if not a.startswith("-")), None)
     parser = _build_parser(selected if selected in COMMANDS else None)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as done:  # --help, or a refused argument (said in one line): its exit code
+        return done.code if isinstance(done.code, int) else 0
     if args.command is None:
         parser.print_help()
         return 2
@@ -103,6 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"trm {args.command}: error: {err}", file=sys.stderr)
         return err.exit_code
+    except OSError as err:
+        line = system_refusal(err)
+        if line is None:
+            raise
+        print(f"trm {args.command}: error: {line}", file=sys.stderr)
+        return UserError.exit_code
     except KeyboardInterrupt:
         print(f"trm {args.command}: interrupted", file=sys.stderr)
         return 130

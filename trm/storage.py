@@ -15,7 +15,9 @@ have timeouts and a short, bounded retry (trm/gcs.py); GCS unreachable or refusi
 Every file the project writes goes through `write_bytes`/`write_text` (or `local_writer`, to stream a large one;
 `write_errors` around a folder that is built, then renamed into place):
 atomic, with the umask's permissions, never replacing a device or a pipe, and a destination that cannot be
-written is one line naming it (rules in `local_writer`).
+written is one line naming it (rules in `local_writer`). Every JSON file it reads goes through `read_json` or
+`read_json_lines`: one cut short or edited is a `DamagedFile`, one line naming it, where it stops parsing and
+what to do.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from typing import BinaryIO
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
-from trm.errors import UserError
+from trm.errors import UserError, fix_for
 
 GCS_SCHEMES = ("gs", "gcs")
 URL_FORMS = "gs://BUCKET/PATH, file:///ABS/PATH or a local path"
@@ -147,14 +149,52 @@ def read_text(url: str) -> str:
     return read_bytes(url).decode("utf-8")
 
 
-def read_json(url: str, missing: str) -> object:
-    """The JSON value stored at `url`; a UserError naming it when it is absent ("URL: `missing`") or not JSON."""
+class DamagedFile(UserError):
+    """A file that does not parse: cut short by a crash or a full disk, or edited by hand. A reader that can do
+    without it (a cache, work in progress) catches this and starts afresh."""
+
+
+def _damaged(url: str, where: str, err: ValueError, remedy: str) -> DamagedFile:
+    """One line: the file, where it stops parsing, and what to do."""
+    if isinstance(err, json.JSONDecodeError):
+        line = where or f" at line {err.lineno}"
+        reason = f"not valid JSON{line} ({err.msg}, column {err.colno})"
+    else:  # UnicodeDecodeError
+        reason = f"not text{where} (byte {err.start} is not UTF-8)"
+    return DamagedFile(f"{url}: damaged (cut short, or edited?): {reason}; {remedy}")
+
+
+def read_json(
+    url: str, missing: str, remedy: str = "delete it and run the command that writes it again"
+) -> object:
+    """The JSON value stored at `url`, the one way a JSON file is read: a UserError naming the file when it is
+    absent ("URL: `missing`"), and a DamagedFile naming it and what to do (`remedy`) when it is not JSON."""
     if not exists(url):
         raise UserError(f"{url}: {missing}")
     try:
         return json.loads(read_text(url))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UserError(f"{url}: not valid JSON: {err}") from None
+        raise _damaged(url, "", err, remedy) from None
+
+
+def read_json_lines(url: str, missing: str, remedy: str) -> list:
+    """The values of a JSON Lines file (one JSON value a line; blank lines skipped), as `read_json` reads one
+    value: a damaged line is a DamagedFile naming the file, the line and `remedy`."""
+    if not exists(url):
+        raise UserError(f"{url}: {missing}")
+    try:
+        lines = read_text(url).splitlines()
+    except UnicodeDecodeError as err:
+        raise _damaged(url, "", err, remedy) from None
+    values = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            values.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise _damaged(url, f" at line {number}", err, remedy) from None
+    return values
 
 
 def write_bytes(url: str, data: bytes) -> None:
@@ -286,11 +326,7 @@ def _cannot_write(shown: str, err: OSError, atomic: bool) -> UserError:
     """One line naming the destination, the system's reason and what to do (and, for an atomic write, that
     the old content is still there)."""
     reason = err.strerror or str(err)
-    if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-        hint = "free some space (or choose another place) and run the command again"
-    elif err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        hint = "choose a writable place or make its folder writable"
-    elif err.errno in (errno.ENOTDIR, errno.EEXIST):
+    if err.errno in (errno.ENOTDIR, errno.EEXIST):
         failed = Path(os.path.abspath(err.filename or shown))  # the folder that could not be made
         blocker = next(
             (p for p in [*reversed(failed.parents), failed] if p.exists() and not p.is_dir()), None
@@ -298,7 +334,7 @@ def _cannot_write(shown: str, err: OSError, atomic: bool) -> UserError:
         reason = f"{blocker} is a file, not a folder" if blocker else reason
         hint = "choose another path"
     else:
-        hint = "check the path"
+        hint = fix_for(err) or "check the path"
     kept = " (what was there is unchanged)" if atomic else ""
     return UserError(f"cannot write {shown}: {reason}; {hint}{kept}")
 

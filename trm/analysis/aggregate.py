@@ -26,14 +26,14 @@ figures) x the devices the run trained on; the estimate column uses the FLOPs mo
 from __future__ import annotations
 
 import argparse
-import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trm import storage
 from trm.analysis.summary import SUMMARY_KEYS
 from trm.config import config_value
-from trm.errors import UserError
+from trm.errors import UserError, number
 from trm.launch.job import job_path, read_job
 from trm.study.estimate import accelerator_hours, evaluation_flops, model_costs, training_flops
 from trm.study.groups import REFERENCE_GROUP, load_groups, load_references
@@ -64,23 +64,36 @@ TEST_TIME_COLUMNS = ("id", "run", "group", "baseline", *TEST_TIME_METRICS)
 CURVE_COLUMNS = ("id", "run", "group", *CURVE_METRICS)
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path}: missing (`trm summarize` writes it when the run has finished)") from None
+# What to do about a run summary that cannot be used: the workflow makes it again from the run dir, without
+# training; it removes such a summary when it starts (`repair_summaries`).
+RESUMMARIZE = "rerun snakemake, which summarises the finished run again without training"
+MISSING_SUMMARY = "missing (`trm summarize` writes it when the run has finished)"
 
 
-def _read_summary(path: Path) -> dict:
-    """A run's summary; UserError naming the file and what it lacks when `trm summarize` did not write it so."""
-    summary = _read_json(path)
-    missing = [key for key in SUMMARY_KEYS if key not in summary]
+def _read_summary(path: Path, remedy: str = RESUMMARIZE) -> dict:
+    """A run's summary; UserError naming the file and what to do (`remedy`) when `trm summarize` did not write it
+    so (damaged, or of another version)."""
+    summary = storage.read_json(str(path), MISSING_SUMMARY, remedy)
+    missing = [key for key in SUMMARY_KEYS if not isinstance(summary, dict) or key not in summary]
     if missing:
-        raise UserError(
-            f"{path}: not a run summary of this version (no {', '.join(missing)}): delete it and rerun the run's "
-            "train job, which summarises the finished run again"
-        )
+        raise UserError(f"{path}: not a run summary of this version (no {', '.join(missing)}); {remedy}")
     return summary
+
+
+def repair_summaries(paths: list[str], dry_run: bool) -> list[str]:
+    """Remove the run summaries at `paths` that exist but cannot be used (damaged, or of another version), so that
+    their runs' train jobs summarise the runs again (Snakemake sees a present output as done); one line each. A dry
+    run removes nothing."""
+    done = "a real run removes it and" if dry_run else "removed:"
+    lines = []
+    for path in filter(os.path.exists, paths):
+        try:
+            _read_summary(Path(path), f"{done} the run's train job summarises the finished run again")
+        except UserError as err:
+            if not dry_run:
+                os.remove(path)
+            lines.append(str(err))
+    return lines
 
 
 def _config_of(results: Path, config_hash: str) -> dict:
@@ -199,6 +212,11 @@ def read_table(path: str | Path, columns: tuple[str, ...]) -> pd.DataFrame:
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
         reason = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
         raise UserError(f"{path}: not a readable CSV table ({reason})") from None
+    if not Path(path).read_bytes().endswith(b"\n"):  # pandas reads a row cut short as unmeasured cells
+        raise storage.DamagedFile(
+            f"{path}: damaged (cut short, or edited?): its last line is incomplete; delete it and rerun snakemake "
+            "(or `trm aggregate`), which writes it again"
+        )
     missing = [column for column in columns if column not in table.columns]
     if missing:
         raise UserError(f"{path}: no column {', '.join(missing)}: not a table written by `trm aggregate`")
@@ -221,12 +239,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--results", required=True, type=Path, help="results folder of one scale")
     parser.add_argument("--groups", required=True, type=Path, help="config/groups.yaml")
-    parser.add_argument("--peak-flops", type=float, required=True, help="peak FLOP/s of one device")
     parser.add_argument(
-        "--utilization", type=float, required=True, help="fraction of peak assumed in estimates"
+        "--peak-flops", type=number(float, above=0), required=True, help="peak FLOP/s of one device"
     )
     parser.add_argument(
-        "--test-puzzles", type=int, required=True, help="test puzzles of one final evaluation"
+        "--utilization",
+        type=number(float, above=0, maximum=1),
+        required=True,
+        help="fraction of peak assumed in estimates",
+    )
+    parser.add_argument(
+        "--test-puzzles",
+        type=number(int, minimum=1),
+        required=True,
+        help="test puzzles of one final evaluation",
     )
     parser.add_argument(
         "--output",

@@ -33,8 +33,8 @@ import statistics
 from trm import storage
 from trm.errors import UserError
 from trm.run import layout
+from trm.run.state import read_run
 from trm.study.metrics import SUMMARY_METRICS, TARGET_ACCURACY, TEST_TIME_METRICS
-from trm.train.records import parse_steps
 
 # The keys of a summary (what `summarize` returns): the table refuses a summary without one of them.
 SUMMARY_KEYS = ("config_hash", "devices", "weights_sha256", *SUMMARY_METRICS, "curve", "test_time")
@@ -124,21 +124,18 @@ def run_metrics(config: dict, records: list[dict], final: dict, status: dict | N
     }
 
 
-def _read(run_dir: str, name: str) -> str:
-    url = layout.path(run_dir, name)
-    if not storage.exists(url):
-        raise UserError(f"{url}: missing from a finished run (the trainer writes it before _SUCCESS)")
-    return storage.read_text(url)
+MISSING = "missing from a finished run (the trainer writes it before _SUCCESS)"
+# What to do about a damaged file of a finished run's evaluation: its job evaluates the last checkpoint again.
+REEVALUATE = (
+    "rerun the run's job (snakemake, or the same `trm train`): it evaluates the last checkpoint again and "
+    "rewrites it, without training"
+)
 
 
 def _status(run_dir: str) -> dict | None:
     """status.json, where a trainer older than final.json's wall_time_s kept the run's elapsed time (None when
     absent or unreadable: the wall time is then not measured)."""
-    try:
-        status = json.loads(storage.read_text(layout.path(run_dir, layout.STATUS)))
-    except (FileNotFoundError, ValueError, UnicodeDecodeError):
-        return None
-    return status if isinstance(status, dict) else None
+    return read_run(run_dir).status or None  # its reader takes a damaged marker for none
 
 
 def summarize(run_dir: str, test_time_steps: tuple[int, ...]) -> dict:
@@ -148,12 +145,12 @@ def summarize(run_dir: str, test_time_steps: tuple[int, ...]) -> dict:
         raise UserError(
             f"{run_dir}: the run has not finished (no {layout.SUCCESS} marker); its job trains it"
         )
-    config = json.loads(_read(run_dir, layout.CONFIG))
-    records = [json.loads(line) for line in _read(run_dir, layout.METRICS).splitlines() if line.strip()]
-    final = json.loads(_read(run_dir, layout.FINAL))
+    config = storage.read_json(layout.path(run_dir, layout.CONFIG), MISSING, layout.RETRAIN)
+    records = storage.read_json_lines(layout.path(run_dir, layout.METRICS), MISSING, layout.RETRAIN)
+    final = storage.read_json(layout.path(run_dir, layout.FINAL), MISSING, REEVALUATE)
     status = None if "wall_time_s" in final else _status(run_dir)
-    evaluation = json.loads(_read(run_dir, layout.TEST_TIME))
     source = layout.path(run_dir, layout.TEST_TIME)
+    evaluation = storage.read_json(source, MISSING, REEVALUATE)
     if evaluation["checkpoint_step"] != final["steps"]:
         raise UserError(
             f"{source}: evaluates the checkpoint of step {evaluation['checkpoint_step']}, but the run finished at "
@@ -190,6 +187,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from trm.train.records import parse_steps  # not at the top: the workflow reads summaries without numpy
+
     steps = parse_steps(args.test_time_steps, "--test-time-steps")
     summary = summarize(args.run_dir, steps)
     storage.write_text(args.output, json.dumps(summary, indent=2, sort_keys=True) + "\n")

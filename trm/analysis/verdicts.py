@@ -53,7 +53,7 @@ from trm.analysis.uncertainty import (
     NOT_SUPPORTED,
     SUPPORTED,
 )
-from trm.errors import UserError
+from trm.errors import UserError, number
 from trm.study.groups import load_groups
 from trm.study.metrics import CELL_FALLBACK
 from trm.study.scale import SCALES, scale_of
@@ -313,7 +313,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scale", required=True, choices=SCALES, help="the scale the runs were trained at")
     parser.add_argument(
         "--test-puzzles",
-        type=int,
+        type=number(int, minimum=1),
         required=True,
         help="test puzzles of one final evaluation (as for aggregate)",
     )

@@ -93,6 +93,10 @@ def read_mapping(path: str | Path, what: str = "config file") -> dict:
         raise UserError(f"{path}: {what} not found") from None
     except json.JSONDecodeError as err:
         raise UserError(f"{path}: not valid JSON: {err}") from None
+    except UnicodeDecodeError as err:
+        raise UserError(
+            f"{path}: not a text file (byte {err.start} is not UTF-8); expected YAML or JSON"
+        ) from None
     if doc is None:
         return {}
     if not isinstance(doc, dict):

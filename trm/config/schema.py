@@ -10,6 +10,7 @@ import copy
 import difflib
 import functools
 import json
+import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -54,20 +55,33 @@ def _is_integer(_checker: Any, instance: Any) -> bool:
     return isinstance(instance, int) and not isinstance(instance, bool)
 
 
-_Validator = jsonschema.validators.extend(
+def _is_number(_checker: Any, instance: Any) -> bool:
+    # YAML's .nan and .inf are floats that pass every bound (nan > 0 is false, and so is nan <= 0): no setting
+    # means them, and a config holding one could not be written as JSON.
+    return isinstance(instance, int | float) and not isinstance(instance, bool) and math.isfinite(instance)
+
+
+# The validator of this project's schemas (the config's here, the workflow settings' in trm/study/settings.py).
+Validator = jsonschema.validators.extend(
     jsonschema.Draft202012Validator,
-    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer),
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine_many(
+        {"integer": _is_integer, "number": _is_number}
+    ),
 )
 
 
 def text(value: Any) -> str:
-    """A value as the user wrote it in YAML: true, null, 'text'."""
+    """A value as the user wrote it in YAML: true, null, 'text', .nan."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return {math.inf: ".inf", -math.inf: "-.inf"}.get(value, ".nan")
     return repr(value) if isinstance(value, str) else json.dumps(value, default=repr)
 
 
 def got(value: Any) -> str:
     kinds = {bool: "boolean", int: "integer", float: "number", str: "string", dict: "mapping", list: "list"}
     kind = "null" if value is None else kinds.get(type(value), type(value).__name__)
+    if isinstance(value, float) and not math.isfinite(value):
+        kind = "not a finite number"
     return f"{text(value)} ({kind})"
 
 
@@ -118,7 +132,7 @@ def _unknown_key_errors(doc: Any, node: dict, source: str, prefix: str = "") -> 
 def _schema_errors(doc: dict, node: dict, source: str) -> list[str]:
     """Type, range, enum and missing-key errors of `doc` (unknown keys are left to `_unknown_key_errors`)."""
     errors = []
-    for err in sorted(_Validator(node).iter_errors(doc), key=lambda e: list(map(str, e.absolute_path))):
+    for err in sorted(Validator(node).iter_errors(doc), key=lambda e: list(map(str, e.absolute_path))):
         dotted = ".".join(map(str, err.absolute_path))
         if err.validator == "additionalProperties":
             continue

@@ -55,7 +55,7 @@ from trm.data.augment import augment
 from trm.data.board import Board, parse_board
 from trm.data.manifest import MANIFEST_NAME, Manifest, read_build_record, unrecorded_paths, write_build_record
 from trm.data.sudoku import MISSING_RATING, Puzzles
-from trm.errors import UserError
+from trm.errors import UserError, number
 
 _TRAIN_SUBSAMPLE_STREAM = 0x7A1
 _TEST_SUBSAMPLE_STREAM = 0x7E5
@@ -79,16 +79,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="dataset folder to create (default: %(default)s)",
     )
     parser.add_argument(
-        "--subsample-size", type=int, default=None, help="train puzzles to keep (default: all)"
+        "--subsample-size",
+        type=number(int, minimum=1),
+        default=None,
+        help="train puzzles to keep (default: all)",
     )
     parser.add_argument(
-        "--test-subsample-size", type=int, default=None, help="test puzzles to keep (default: all)"
+        "--test-subsample-size",
+        type=number(int, minimum=1),
+        default=None,
+        help="test puzzles to keep (default: all)",
     )
-    parser.add_argument("--num-aug", type=int, default=0, help="augmentations per train puzzle (default: 0)")
     parser.add_argument(
-        "--min-difficulty", type=int, default=None, help="keep puzzles with rating >= this (both splits)"
+        "--num-aug",
+        type=number(int, minimum=0),
+        default=0,
+        help="augmentations per train puzzle (default: 0)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of all random choices (default: 0)")
+    parser.add_argument(
+        "--min-difficulty",
+        type=number(int, minimum=0),
+        default=None,
+        help="keep puzzles with rating >= this (both splits)",
+    )
+    parser.add_argument(
+        "--seed", type=number(int, minimum=0), default=0, help="seed of all random choices (default: 0)"
+    )
     parser.add_argument(
         "--force",
         action="store_true",
@@ -119,14 +135,6 @@ def subsample(puzzles: Puzzles, size: int | None, seed: int, stream: int, split:
 
 
 def _check_args(args: argparse.Namespace) -> None:
-    for flag, value, minimum in (
-        ("--subsample-size", args.subsample_size, 1),
-        ("--test-subsample-size", args.test_subsample_size, 1),
-        ("--num-aug", args.num_aug, 0),
-        ("--seed", args.seed, 0),
-    ):
-        if value is not None and value < minimum:
-            raise UserError(f"{flag} must be >= {minimum}, got {value}")
     output = Path(args.output_dir)
     if output.exists() or output.is_symlink():
         if not args.force:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trm import storage
 from trm.data.board import SUDOKU, Board
 from trm.errors import UserError
 
@@ -121,10 +122,9 @@ def read_metadata(dataset_dir: str | Path, split: str) -> dict:
     path = Path(dataset_dir) / split / "dataset.json"
     if not path.is_file():
         raise UserError(f"{path}: missing dataset file")
-    try:
-        metadata = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UserError(f"{path}: not valid JSON: {err}") from None
+    metadata = storage.read_json(
+        str(path), "missing dataset file", "build the dataset again (trm build-dataset)"
+    )
     if not isinstance(metadata, dict):
         raise UserError(f"{path}: expected a JSON object, found {type(metadata).__name__}")
     for field, kind in REQUIRED_FIELDS.items():

@@ -25,19 +25,21 @@ from trm import storage
 from trm.data.board import SUDOKU, parse_board
 from trm.data.generate import check_blanks, generate_puzzles
 from trm.data.sudoku import Puzzles
-from trm.errors import UserError
+from trm.errors import UserError, number
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--train", type=int, required=True, help="puzzles in train.csv")
-    parser.add_argument("--test", type=int, required=True, help="further, distinct puzzles in test.csv")
-    parser.add_argument("--seed", type=int, default=0, help="generator seed (default: 0)")
+    parser.add_argument("--train", type=number(int, minimum=1), required=True, help="puzzles in train.csv")
+    parser.add_argument(
+        "--test", type=number(int, minimum=1), required=True, help="further, distinct puzzles in test.csv"
+    )
+    parser.add_argument("--seed", type=number(int, minimum=0), default=0, help="generator seed (default: 0)")
     parser.add_argument(
         "--board", default=SUDOKU.name, help="NxN: 4x4, 6x6, 8x8 or 9x9 (default: %(default)s)"
     )
     parser.add_argument(
         "--blanks",
-        type=int,
+        type=number(int, minimum=1),
         default=None,
         help="blank cells per puzzle, the difficulty: at most 64 on 9x9, 50 on 8x8, 28 on 6x6, 12 on 4x4 "
         "(default: minimal puzzles, about 55-59 blanks on 9x9, 26 on 6x6, 12 on 4x4)",
@@ -88,16 +90,12 @@ def write_csv(path: Path, puzzles: Puzzles) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    for flag, value in (("--train", args.train), ("--test", args.test)):
-        if value < 1:
-            raise UserError(f"{flag} must be >= 1, got {value}")
     board = parse_board(args.board)
-    check_blanks(args.blanks, board)
-    output = Path(args.output_dir)
+    check_blanks(args.blanks, board)  # the board's maximum (its minimum, 1, is the option's)
+    output = Path(args.output_dir)  # made by the first write, whose refusal names it (storage.local_writer)
     for name in ("train.csv", "test.csv"):
         _check_replaceable(output / name)
     puzzles = generate_puzzles(args.train + args.test, args.seed, args.blanks, board)
-    output.mkdir(parents=True, exist_ok=True)
     write_csv(output / "train.csv", puzzles.take(np.arange(args.train)))
     write_csv(output / "test.csv", puzzles.take(np.arange(args.train, len(puzzles))))
     difficulty = "minimal puzzles" if args.blanks is None else f"{args.blanks} blanks each"

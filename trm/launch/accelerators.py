@@ -93,6 +93,12 @@ def step_hash(config: dict) -> str:
     return hashlib.sha256(text.encode() + _installed_step_source_digest()).hexdigest()[:12]
 
 
+# What to do about a damaged file of figures: compile the step again.
+COMPILE_AGAIN = (
+    "delete it and compile again (snakemake --cores 1 compile_check, or trm compile-check --cache FOLDER)"
+)
+
+
 def step_figures(folder: str | Path, config: dict) -> str:
     """Where `trm compile-check` keeps the figures of `config`'s steps in `folder`: FOLDER/<step hash>.json (this
     machine's compile cache, the repository's config/compiled/ACCELERATOR). The folder stays as spelled: the

@@ -44,6 +44,7 @@ from trm.errors import UserError
 from trm.launch import tpu_options
 from trm.launch.accelerators import (
     ACCELERATORS,
+    COMPILE_AGAIN,
     GIB,
     Accelerator,
     accelerator,
@@ -101,7 +102,7 @@ def cached_or_compiled(config: dict, chip: Accelerator, cache: str | None, exp_i
     """The figures of `config`'s steps on `chip`: from DIR/<step hash>.json when there, else compiled (and kept)."""
     path = Path(step_figures(cache, config)) if cache else None
     if path is not None and path.exists():
-        figures = json.loads(path.read_text())
+        figures = storage.read_json(str(path), "missing", COMPILE_AGAIN)
         if figures["accelerator"] != chip.name:
             raise UserError(
                 f"{path} holds figures for a {figures['accelerator']}: use one folder per accelerator"
@@ -339,7 +340,7 @@ def table(ids: list[str], overrides: list[str], chip: Accelerator, cache: Path) 
         if not path.exists():
             rows.append(f"| {exp_id} | {step} | not compiled yet | | | | | |")
             continue
-        figures = json.loads(path.read_text())
+        figures = storage.read_json(str(path), "missing", COMPILE_AGAIN)
         train, evaluation = figures["train"], figures["eval"]
         fits = "" if total_bytes(train) <= chip.hbm_bytes else " **does not fit**"
         rows.append(

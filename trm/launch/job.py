@@ -115,7 +115,9 @@ class Job:
 def read_job(path: str) -> Job:
     """The job of the file at `path`; a UserError naming the file and the field when it is not a job file."""
     record = storage.read_json(
-        path, "job file not found (the workflow writes RESULTS/SCALE/jobs/<hash>.json)"
+        path,
+        "job file not found (the workflow writes RESULTS/SCALE/jobs/<hash>.json)",
+        "rerun snakemake (a dry run will do), which writes it again",
     )
     if not isinstance(record, dict) or sorted(record) != sorted(KEYS):
         found = sorted(record) if isinstance(record, dict) else type(record).__name__

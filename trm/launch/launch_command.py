@@ -34,7 +34,7 @@ import contextlib
 import importlib
 
 from trm.config import batch_split_problem
-from trm.errors import UserError
+from trm.errors import UserError, number
 from trm.launch import tpu_options
 from trm.launch.job import Job, read_job
 from trm.platform import LOCAL_PLATFORMS
@@ -66,8 +66,14 @@ EXIT_LEASE_LOST = 1  # another launcher took the run over while this one trained
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job", help="a job file (see above; the workflow's RESULTS/SCALE/jobs/<hash>.json)")
-    parser.add_argument("--hosts", type=int, help="without --job: number of hosts (processes), default 1")
-    parser.add_argument("--devices-per-host", type=int, help="without --job: devices of each host, default 1")
+    parser.add_argument(
+        "--hosts", type=number(int, minimum=1), help="without --job: number of hosts (processes), default 1"
+    )
+    parser.add_argument(
+        "--devices-per-host",
+        type=number(int, minimum=1),
+        help="without --job: devices of each host, default 1",
+    )
     parser.add_argument(
         "--platform",
         choices=LOCAL_PLATFORMS,
@@ -129,10 +135,6 @@ def _job_by_hand(args: argparse.Namespace) -> Job:
     once: the job its job file would hold."""
     hosts = 1 if args.hosts is None else args.hosts
     devices_per_host = 1 if args.devices_per_host is None else args.devices_per_host
-    if hosts < 1:
-        raise UserError(f"--hosts {hosts}: must be >= 1")
-    if devices_per_host < 1:
-        raise UserError(f"--devices-per-host {devices_per_host}: must be >= 1")
     if missing := [
         flag for flag in ("--config", "--data", "--run-dir") if getattr(args, RUN_ARGS[flag]) is None
     ]:

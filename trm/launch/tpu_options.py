@@ -17,17 +17,16 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import yaml
 
 from trm import storage
 from trm.config import CONFIG_DIR
-from trm.errors import UserError
+from trm.config.schema import Validator
+from trm.errors import UserError, number
 from trm.launch import gcloud
 
 WORKFLOW_SCHEMA = CONFIG_DIR.parent / "workflow" / "schemas" / "config.schema.yaml"
 WORKFLOW_DEFAULTS = CONFIG_DIR / "config.yaml"
-_TYPES = {"integer": int, "number": float, "string": str}
 
 
 @dataclass(frozen=True)
@@ -88,8 +87,15 @@ def add_argument(parser: argparse.ArgumentParser, key: str, default: Any) -> Non
         parser.add_argument(flag(key), action=argparse.BooleanOptionalAction, **words)
     elif kind == "array":
         parser.add_argument(flag(key), type=lambda text: text.split(","), metavar="NAME,...", **words)
+    elif kind in ("integer", "number"):  # the schema's bounds, and never nan or inf
+        bounds = {
+            "minimum": node.get("minimum"),
+            "above": node.get("exclusiveMinimum"),
+            "maximum": node.get("maximum"),
+        }
+        parser.add_argument(flag(key), type=number(int if kind == "integer" else float, **bounds), **words)
     else:
-        parser.add_argument(flag(key), type=_TYPES[kind], choices=node.get("enum"), **words)
+        parser.add_argument(flag(key), choices=node.get("enum"), **words)
 
 
 def launcher_settings(tpu: dict[str, Any]) -> dict[str, Any]:
@@ -113,7 +119,7 @@ def flags(settings: dict[str, Any]) -> list[str]:
 def check(settings: dict[str, Any], name=lambda key: f"launch.tpu.{key}") -> TpuOptions:
     """Check every setting (`name(key)` names one in a message) and return them as options."""
     node = {"type": "object", "properties": _settings(), "required": list(_settings())}
-    for error in jsonschema.Draft202012Validator(node).iter_errors(settings):
+    for error in Validator(node).iter_errors(settings):
         key = error.absolute_path[0] if error.absolute_path else "?"
         raise UserError(f"{name(key)} {settings.get(key)!r}: {error.message}")
     for slice_name in settings["slices"]:

@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from trm.data.sudoku import NUM_CELLS
-from trm.errors import UserError
+from trm.errors import UserError, number
 
 DTYPES = ("float32", "bfloat16", "float16")  # forward_dtype names, each a jax.numpy dtype
 DATASET_FIELDS = ("vocab_size", "seq_len", "num_puzzle_identifiers")
@@ -89,5 +89,8 @@ DEFAULT_EXPORT_PREFIX = "_orig_mod.model."
 def add_seq_len_argument(parser: argparse.ArgumentParser, when: str) -> None:
     """`--seq-len`: the puzzle length of the data, Sudoku's by default, needed `when`."""
     parser.add_argument(
-        "--seq-len", type=int, default=NUM_CELLS, help=f"puzzle length, {when} (default %(default)s, Sudoku)"
+        "--seq-len",
+        type=number(int, minimum=1),
+        default=NUM_CELLS,
+        help=f"puzzle length, {when} (default %(default)s, Sudoku)",
     )

@@ -12,6 +12,7 @@ import argparse
 
 from trm.config import add_config_arguments, resolve_config_arguments
 from trm.data.format import sudoku_metadata
+from trm.errors import number
 from trm.model.config import DATASET_FIELDS, ModelConfig
 
 
@@ -19,10 +20,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, required=False)
     sudoku = sudoku_metadata(1)
     for field in DATASET_FIELDS:
-        parser.add_argument(f"--{field.replace('_', '-')}", type=int, default=sudoku[field])
+        parser.add_argument(
+            f"--{field.replace('_', '-')}", type=number(int, minimum=1), default=sudoku[field]
+        )
     parser.add_argument(
         "--eval-steps",
-        type=int,
+        type=number(int, minimum=1),
         default=None,
         help="supervision steps at evaluation (default: config train.eval_steps)",
     )

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from trm.checkout import INSTALLED_FROM
-from trm.errors import UserError
+from trm.errors import UserError, number
 
 DATA_AXIS = "data"
 ENV_DISTRIBUTED = "TRM_DISTRIBUTED"
@@ -62,18 +62,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"join a TPU slice, detected automatically (or {ENV_DISTRIBUTED}=auto)",
     )
     group.add_argument("--coordinator", help=f"HOST:PORT of process 0 (or {ENV_COORDINATOR})")
-    group.add_argument("--num-processes", type=int, help=f"number of processes (or {ENV_NUM_PROCESSES})")
-    group.add_argument("--process-id", type=int, help=f"this process, 0..N-1 (or {ENV_PROCESS_ID})")
+    group.add_argument(
+        "--num-processes", type=number(int, minimum=1), help=f"number of processes (or {ENV_NUM_PROCESSES})"
+    )
+    group.add_argument(
+        "--process-id", type=number(int, minimum=0), help=f"this process, 0..N-1 (or {ENV_PROCESS_ID})"
+    )
     group.add_argument(
         "--heartbeat-timeout",
-        type=int,
+        type=number(int, minimum=1),
         help=f"seconds before a silent host is declared dead ({ENV_HEARTBEAT_TIMEOUT})",
     )
     group.add_argument(
-        "--init-timeout", type=int, help=f"seconds to wait for all hosts to join ({ENV_INIT_TIMEOUT})"
+        "--init-timeout",
+        type=number(int, minimum=1),
+        help=f"seconds to wait for all hosts to join ({ENV_INIT_TIMEOUT})",
     )
     group.add_argument(
-        "--shutdown-timeout", type=int, help=f"seconds to wait for all hosts at exit ({ENV_SHUTDOWN_TIMEOUT})"
+        "--shutdown-timeout",
+        type=number(int, minimum=1),
+        help=f"seconds to wait for all hosts at exit ({ENV_SHUTDOWN_TIMEOUT})",
     )
 
 

@@ -44,6 +44,10 @@ FINAL = "final.json"
 PROVENANCE = "provenance.json"
 SUCCESS = "_SUCCESS"
 
+# What to do about a damaged file that only training makes: config.json (which ties the checkpoints to their
+# config) and metrics.jsonl (the training's figures).
+RETRAIN = "restore it from a copy, or delete the run dir and train the run again"
+
 
 class RunDirRefused(UserError):
     """A run dir that belongs to another config or dataset: refused, and nothing is written there."""
@@ -64,7 +68,7 @@ def finished(run_dir: str) -> bool:
 
 def read_config(url: str) -> dict:
     """The resolved config at `url` (a config.json), validated; UserError naming the file when it is not one."""
-    config = storage.read_json(url, "config file not found")
+    config = storage.read_json(url, "config file not found", RETRAIN)
     return validate_config(config, source=url)
 
 
@@ -73,7 +77,10 @@ def stored_config_hash(run_dir: str) -> str | None:
     url = path(run_dir, CONFIG)
     if not storage.exists(url):
         return None
-    return config_hash(json.loads(storage.read_text(url)))
+    config = storage.read_json(url, "missing", RETRAIN)
+    if not isinstance(config, dict):
+        raise storage.DamagedFile(f"{url}: not a config (a JSON object); {RETRAIN}")
+    return config_hash(config)
 
 
 def claim(run_dir: str, config: dict, own: str, write: bool = True) -> None:
@@ -94,7 +101,7 @@ def bound_data(run_dir: str) -> dict | None:
     url = path(run_dir, DATA)
     if not storage.exists(url):
         return None
-    record = storage.read_json(url, "missing")
+    record = storage.read_json(url, "missing", "restore it, or delete it to bind the run to the next --data")
     if not isinstance(record, dict) or not isinstance(record.get("manifest_sha256"), str):
         raise UserError(
             f"{url}: not a data record (expected an object with manifest_sha256): it names the dataset this run "

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -122,7 +123,12 @@ class CostCache:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.entries: dict[str, dict] = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.entries: dict[str, dict] = {}
+        if self.path.exists():
+            try:
+                self.entries = storage.read_json(str(self.path), "missing", "computing the costs again")
+            except storage.DamagedFile as err:  # a cache: what it held is computed again, and rewritten
+                print(err, file=sys.stderr)
         self.changed = False
 
     def costs(self, config_hash: str, config: dict) -> dict:
@@ -143,13 +149,13 @@ def compiled_step_seconds(config: dict, compile_dir: str | Path) -> dict | None:
     """{"train": s, "eval": s}: roofline seconds of one train step and one evaluation step (a batch of
     global_batch_size rows) from the figures `trm compile-check --cache compile_dir` kept for this config's
     step, or None when it has not been compiled."""
-    from trm.launch.accelerators import accelerator, step_figures
+    from trm.launch.accelerators import COMPILE_AGAIN, accelerator, step_figures
     from trm.launch.compile_check import roofline_seconds
 
     path = Path(step_figures(compile_dir, config))
     if not path.exists():
         return None
-    figures = json.loads(path.read_text())
+    figures = storage.read_json(str(path), "missing", COMPILE_AGAIN)
     chip = accelerator(figures["accelerator"])
     return {step: roofline_seconds(figures[step], chip) for step in ("train", "eval")}
 

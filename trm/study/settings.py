@@ -16,6 +16,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from trm.config.schema import Validator, text
 from trm.errors import UserError
 
 # Where a setting's value came from ("--config", a file), for error messages: `source_of("launch.hosts")`.
@@ -31,14 +32,14 @@ def check_settings(settings: dict, schema: dict, source_of: SourceOf) -> None:
     """Refuse unknown keys and values of the wrong type (converting strings from `--config` first), in place."""
     _check_keys(settings, schema, "", source_of)
     coerce(settings, schema)
-    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(settings))
+    error = jsonschema.exceptions.best_match(Validator(schema).iter_errors(settings))
     if error is not None:
         dotted = "".join(
             f"[{part}]" if isinstance(part, int) else f".{part}" for part in error.absolute_path
         )[1:]
         top = ".".join(str(part) for part in error.absolute_path if isinstance(part, str))
         raise UserError(
-            f"{source_of(top)}: setting '{dotted}' = {error.instance!r} is not valid: "
+            f"{source_of(top)}: setting '{dotted}' = {text(error.instance)} is not valid: "
             f"{_expected(error)} (every setting: docs/configuration.md)"
         )
 
@@ -118,6 +119,8 @@ def _kind(spec: dict) -> str:
         item = spec.get("items", {})
         return f"a list of {item.get('type', 'value')}s, e.g. [a, b] or a,b"
     kind = spec.get("type", "value")
+    if kind == "number":
+        return "a finite number"  # not .nan or .inf
     return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
 
 

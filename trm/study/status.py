@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ import yaml
 
 from trm import storage
 from trm.config import CONFIG_DIR, experiment_path
-from trm.errors import UserError
+from trm.errors import UserError, number
 from trm.run import layout
 from trm.run.state import RunState, read_run
 from trm.study.scale import SCALES
@@ -70,13 +71,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--watch",
         nargs="?",
         const=30.0,
-        type=float,
+        type=number(float, above=0),
         metavar="SECONDS",
         help="refresh the table every SECONDS (default 30) until Ctrl-C",
     )
     parser.add_argument(
         "--stale-after",
-        type=float,
+        type=number(float, above=0),
         metavar="SECONDS",
         help="a running trainer whose heartbeat is older than this is shown as lost (default: "
         "launch.tpu.stale_after_seconds of the study settings, --profile's if given)",
@@ -261,6 +262,18 @@ def study_settings(profile: str | None) -> dict:
     return settings
 
 
+def _stale_after(settings: dict, profile: str | None) -> float:
+    """launch.tpu.stale_after_seconds of the study settings: seconds > 0."""
+    value = settings.get("launch", {}).get("tpu", {}).get("stale_after_seconds")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        where = f"the study file of profile {profile}" if profile else "config/config.yaml"
+        raise UserError(
+            f"launch.tpu.stale_after_seconds {value!r} in {where}: expected a number of seconds > 0 "
+            "(or pass --stale-after)"
+        )
+    return float(value)
+
+
 def _setting(settings: dict, key: str, profile: str | None) -> str:
     if not settings.get(key):
         where = f"the study file of profile {profile}" if profile else "config/config.yaml"
@@ -327,11 +340,7 @@ def main(args: argparse.Namespace) -> int:
         "--storage" if args.storage else "storage",
     )
     if args.stale_after is None:
-        args.stale_after = float(settings["launch"]["tpu"]["stale_after_seconds"])
-    if args.stale_after <= 0:
-        raise UserError(f"--stale-after {args.stale_after}: must be > 0 seconds")
-    if args.watch is not None and args.watch <= 0:
-        raise UserError(f"--watch {args.watch}: must be > 0 seconds")
+        args.stale_after = _stale_after(settings, args.profile)
     if args.scale and not args.experiment:
         raise UserError(f"--scale {args.scale}: goes with --experiment (the table shows every scale's runs)")
     if args.experiment:

@@ -35,7 +35,7 @@ from trm.data.format import SplitData, load_split, sudoku_metadata
 from trm.data.manifest import MANIFEST_NAME
 from trm.data.sudoku import read_csv
 from trm.data.verify import DATASET_CACHE, fetch_dataset
-from trm.errors import UserError
+from trm.errors import UserError, number
 from trm.run.timing import Timings
 from trm.train.records import parse_steps, results_csv
 
@@ -56,10 +56,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_STEPS,
         help="comma-separated supervision step counts to report (default %(default)s)",
     )
-    parser.add_argument("--subset", type=int, default=None, help="evaluate only the first N puzzles")
+    parser.add_argument(
+        "--subset", type=number(int, minimum=1), default=None, help="evaluate only the first N puzzles"
+    )
     parser.add_argument(
         "--batch-size",
-        type=int,
+        type=number(int, minimum=1),
         default=None,
         help="puzzles per batch over all devices (default: the run's train.global_batch_size)",
     )
@@ -112,10 +114,6 @@ def main(args: argparse.Namespace) -> int:
         from trm.train.weights import load_weights
 
     counts = parse_steps(args.steps)
-    if args.subset is not None and args.subset < 1:
-        raise UserError(f"--subset {args.subset}: must be >= 1")
-    if args.batch_size is not None and args.batch_size < 1:
-        raise UserError(f"--batch-size {args.batch_size}: must be >= 1")
     with timings.phase("data"):
         split = load_eval_split(args.data, args.split, args.cache_dir)
     with timings.phase("checkpoint"):

@@ -74,7 +74,8 @@ class HostLog:
             header = ATTEMPT_HEADER.format(
                 time=time.strftime("%Y-%m-%d %H:%M:%S"), host=socket.gethostname(), pid=os.getpid()
             )
-            self._earlier = storage.read_text(url) + header
+            # Damaged bytes (a write cut short inside a character) must not cost the run its log.
+            self._earlier = storage.read_bytes(url).decode("utf-8", errors="replace") + header
         self.url = url
         self.flush()
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from trm import storage
 from trm.errors import UserError
+from trm.run import layout
 
 # What an evaluation measures of each puzzle after k supervision steps, averaged over the real puzzles
 # (trm/train/evaluator.py says what each means). An eval record holds them with "steps" (k) and "count" (puzzles).
@@ -137,10 +138,10 @@ class MetricsLog:
         self.writer = writer
         self.records: list[dict] = []
         if writer and storage.exists(url):
-            # Drop records written after the checkpoint we resume from: they will be written again.
-            for line in storage.read_text(url).splitlines():
-                if line.strip() and json.loads(line)["step"] <= resume_step:
-                    self.records.append(json.loads(line))
+            # Drop records written after the checkpoint we resume from: they will be written again. A damaged
+            # record cannot be: the run's figures would miss it.
+            records = storage.read_json_lines(url, "missing", layout.RETRAIN)
+            self.records = [r for r in records if r["step"] <= resume_step]
 
     def add(self, record: dict) -> None:
         self.records.append(record)

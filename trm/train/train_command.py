@@ -33,7 +33,7 @@ import sys
 import traceback
 
 from trm.data.verify import DATASET_CACHE
-from trm.errors import UserError
+from trm.errors import UserError, number, system_refusal
 from trm.run import distributed, spec
 from trm.run.layout import RunDirRefused
 from trm.run.lifetime import die_with_launcher
@@ -55,7 +55,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, required: bool = True) ->
     )
     parser.add_argument(
         "--test-time-subset",
-        type=int,
+        type=number(int, minimum=1),
         default=None,
         metavar="N",
         help="score the --test-time-steps counts on a fixed subset of N test puzzles, the same for every run, "
@@ -67,8 +67,6 @@ def add_run_arguments(parser: argparse.ArgumentParser, required: bool = True) ->
 def final_evaluation(args: argparse.Namespace) -> tuple[tuple[int, ...], int | None]:
     """The test-time step counts and subset of parsed `add_run_arguments` arguments; a UserError for a bad one."""
     steps = parse_steps(args.test_time_steps, "--test-time-steps") if args.test_time_steps else ()
-    if args.test_time_subset is not None and args.test_time_subset < 1:
-        raise UserError(f"--test-time-subset {args.test_time_subset}: must be >= 1")
     return steps, args.test_time_subset
 
 
@@ -79,7 +77,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DATASET_CACHE,
         help="local cache for the dataset copy (default: %(default)s, or $TRM_CACHE_DIR)",
     )
-    parser.add_argument("--log-every", type=int, default=50, help="train metrics every N steps (default 50)")
+    parser.add_argument(
+        "--log-every",
+        type=number(int, minimum=1),
+        default=50,
+        help="train metrics every N steps (default 50)",
+    )
     parser.add_argument(
         "--wandb",
         action="store_true",
@@ -115,8 +118,6 @@ def _train(args: argparse.Namespace, host_log: HostLog, timings: Timings) -> int
         from trm.train.trainer import Trainer
 
     run = spec.resolve(args)
-    if args.log_every < 1:
-        raise UserError(f"--log-every {args.log_every}: must be >= 1")
     test_time_steps, test_time_subset = final_evaluation(args)
     try:
         with timings.phase("setup"):
@@ -156,9 +157,16 @@ def _train_as_host(args: argparse.Namespace, host_log: HostLog, timings: Timings
     except UserError as err:
         print(f"trm train: error: {err}", file=sys.stderr)
         code = err.exit_code
-    except BaseException:
-        traceback.print_exc()
-        code = 1
+    except BaseException as err:
+        refusal = (
+            system_refusal(err) if isinstance(err, OSError) else None
+        )  # a full disk: one line, as in trm
+        if refusal is None:
+            traceback.print_exc()
+            code = 1
+        else:
+            print(f"trm train: error: {refusal}", file=sys.stderr)
+            code = UserError.exit_code
     import jax
 
     print(f"host {jax.process_index()} exits with code {code}", file=sys.stderr)

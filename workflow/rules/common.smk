@@ -5,6 +5,7 @@ import sys
 
 from snakemake.exceptions import WorkflowError
 
+from trm.analysis.aggregate import repair_summaries
 from trm.errors import UserError
 from trm.launch.local import one_thread_per_job
 from trm.study import interrupts
@@ -20,12 +21,15 @@ def _source_of(dotted):
 
 try:
     study = Study(config, _source_of, workflow.source_path("../schemas/config.schema.yaml"))
+    print(study.costs.summary(), file=sys.stderr)
+    if study.placeholder_storage:  # a dry run reaches no storage; a real run refuses before its first job
+        print(f"warning: {study.placeholder_storage} (needed before a real run)", file=sys.stderr)
+    study.write_jobs()
+    # A damaged run summary looks done to Snakemake: removed, its run is summarised again (never retrained).
+    for line in repair_summaries([study.run_summary(exp) for exp in study.plan], workflow.dryrun):
+        print(f"note: {line}", file=sys.stderr)
 except UserError as err:
     raise WorkflowError(str(err)) from None
-print(study.costs.summary(), file=sys.stderr)
-if study.placeholder_storage:  # a dry run reaches no storage; a real run refuses before its first job
-    print(f"warning: {study.placeholder_storage} (needed before a real run)", file=sys.stderr)
-study.write_jobs()
 # XLA's CPU work on one thread per job, set in Snakemake's environment, which every job inherits (not in the
 # commands: a changed command would make Snakemake rerun finished jobs).
 one_thread_per_job()
