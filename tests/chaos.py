@@ -32,12 +32,12 @@ from trm.study.plan import plan_study
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 # One chaos experiment, as overrides of config/base.yaml (the smoke scale divides width and batch, sets the
 # epochs: trm/study/scale.py): hidden 8, one layer in float32 (the test suite's, and cheaper to compile), batch 8
-# (two rows per device of 2 hosts x 2), 20 puzzles x 72 epochs / 8 = 180 steps, a checkpoint every 20.
+# (two rows per device of 2 hosts x 2), 20 puzzles x 64 epochs / 8 = 160 steps, a checkpoint every 20.
 EXPERIMENT = {
     "arch": {"hidden_size": 128, "num_heads": 2, "L_layers": 1, "H_cycles": 2, "L_cycles": 2, "halt_max_steps": 2,
              "forward_dtype": "float32"},
-    "data": {"num_aug": 20},
-    "train": {"global_batch_size": 2048, "eval_steps": 2, "checkpoint_every_steps": 20},
+    "data": {"train_puzzles": 200, "num_aug": 20},
+    "train": {"global_batch_size": 1536, "eval_steps": 2, "checkpoint_every_steps": 20},
 }  # fmt: skip
 TEST_TIME_STEPS = [2, 4]
 # Table columns that measure time or speed: they differ between any two runs.

@@ -4,18 +4,21 @@
 # generated puzzles on its board (trm/study/scale.py).
 
 
-rule puzzle_pool:
-    output:
-        os.path.join(RESULTS, "pool", "train.csv"),
-        os.path.join(RESULTS, "pool", "test.csv"),
-    params:
-        trm=TRM,
-        flags=study.pool_flags() if study.pool else [],
-        folder=lambda wildcards, output: os.path.dirname(output[0]),
-    log:
-        os.path.join(RESULTS, "logs", "puzzle_pool.log"),
-    shell:
-        "{params.trm:q} smoke-pool {params.flags:q} --output-dir {params.folder:q} > {log:q} 2>&1"
+# The paper scale reads Sudoku-Extreme instead: no pool rule there.
+if study.pool:
+
+    rule puzzle_pool:
+        output:
+            os.path.join(RESULTS, "pool", "train.csv"),
+            os.path.join(RESULTS, "pool", "test.csv"),
+        params:
+            trm=TRM,
+            flags=study.pool_flags(),
+            folder=lambda wildcards, output: os.path.dirname(output[0]),
+        log:
+            os.path.join(RESULTS, "logs", "puzzle_pool.log"),
+        shell:
+            "{params.trm:q} smoke-pool {params.flags:q} --output-dir {params.folder:q} > {log:q} 2>&1"
 
 
 rule build_dataset:
