@@ -1,7 +1,7 @@
 """Stopping a study (issue 27, item 5): signals to Snakemake stop each training job through its checkpoint within
 seconds, nothing outlives its launcher, the host logs keep every attempt, and a rerun resumes to the same result.
 
-Real Snakemake runs of one smoke experiment (30 steps, one layer in float32) on a copy of the workflow; every
+Real Snakemake runs of one smoke experiment (100 steps, one layer in float32) on a copy of the workflow; every
 process the test starts carries a marker in its environment, so /proc shows whether any of them still runs.
 """
 
@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.workflow, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-# exp04a_500 (10 smoke puzzles: 30 training steps) with one layer in float32, as a reference of the study in its
+# exp04a_500 (50 smoke puzzles: 100 training steps) with one layer in float32, as a reference of the study in its
 # copy: signals, checkpoints and resuming do not depend on the model's depth or dtype.
 EXPERIMENT = "interrupted"
 RUN = {"data": {"train_puzzles": 500}, "arch": {"L_layers": 1, "forward_dtype": "float32"}}
@@ -53,6 +53,7 @@ class Study:
     data: str
     run_dir: Path  # where the workflow trains it
     reference: Path  # the same run, trained without interruption
+    steps: int = 0  # its optimizer steps
 
     def snakemake(self, *args: str) -> list[str]:
         return [str(BIN / "snakemake"), *args, "--cores", "2", "--config", f"experiments=[{EXPERIMENT}]"]
@@ -112,6 +113,7 @@ def study(tmp_path_factory) -> Study:
         text=True,
     )
     assert done.returncode == 0, done.stdout[-3000:]
+    result.steps = json.loads((result.reference / layout.FINAL).read_text())["steps"]
     return result
 
 
@@ -199,8 +201,8 @@ def test_sigint_and_sigterm_to_snakemake_stop_the_job_through_its_checkpoint_and
     assert finished.returncode == 0, finished.stderr[-3000:]
     host_log = Path(layout.host_log(str(study.run_dir), 0))
     stops = _stop_steps(host_log)
-    assert len(stops) == 3 and stops == sorted(stops) and 0 < stops[0] < 30 and stops[-1] <= 30, stops
-    assert f"resuming from step {stops[-1]} of 30" in log.read_text()
+    assert len(stops) == 3 and stops == sorted(stops) and 0 < stops[0] < study.steps and stops[-1] <= study.steps, stops
+    assert f"resuming from step {stops[-1]} of {study.steps}" in log.read_text()
     assert host_log.read_text().count("(earlier attempts above)") == 3  # four attempts, none overwritten
     final, reference = (json.loads((d / layout.FINAL).read_text()) for d in (study.run_dir, study.reference))
     assert final["params_sha256"] == reference["params_sha256"]
@@ -246,7 +248,7 @@ def test_a_killed_launcher_takes_its_trainers_with_it_through_their_checkpoint(s
         stop_s = _wait_for(lambda: proc.poll() is not None, 120, "the launcher to stop")
     print(f"SIGTERM to a launcher of 2 hosts: it exited after {stop_s:.1f} s")
     assert proc.returncode == 42
-    assert f"resuming from step {stopped[0]} of 30" in (tmp_path / "relaunch.log").read_text()
+    assert f"resuming from step {stopped[0]} of {study.steps}" in (tmp_path / "relaunch.log").read_text()
     for host in (0, 1):
         host_log = Path(layout.host_log(str(run_dir), host))
         assert len(_stop_steps(host_log)) == 2 and "(earlier attempts above)" in host_log.read_text()

@@ -251,7 +251,7 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     # The paper-recipe reference: its own row, in no group, drawn and labelled in every group's plots.
     assert (table.loc[2, "group"], table.loc[2, "varied"]) == ("reference", "paper recipe (batch 768)")
     assert table.loc[2, "train.global_batch_size"] * 8 == table.loc[0, "train.global_batch_size"]  # 768, 6144
-    assert table.loc[1, "data.train_puzzles"] == 2
+    assert table.loc[1, "data.train_puzzles"] == plan_study("smoke", ["exp04a_100"])[0].config["data"]["train_puzzles"]
     assert (table["parameter_count"] > 0).all() and (table["wall_time_s"] > 0).all()
     assert table["test_exact_accuracy"].between(0, 1).all()
     # One run per selected experiment: a cell accuracy's interval is the noise floor (the baseline's seeds) with
@@ -301,7 +301,7 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     # Each selected group's criteria judged on the table; with one member per group (the baseline's runs are there
     # for the floor only), every one lacks data.
     verdicts = json.loads((analysis / "verdicts/verdicts.json").read_text())
-    assert verdicts["scale"] == "smoke" and "too short to test the hypothesis" in verdicts["note"]
+    assert verdicts["scale"] == "smoke" and verdicts["note"] == SMOKE.note
     assert [(g["id"], g["verdict"]) for g in verdicts["groups"]] == [
         ("exp01", "not enough data"),
         ("exp04a", "not enough data"),

@@ -19,10 +19,10 @@ criterion is not, supported when all are, lacks data when any criterion does, ha
 criteria has any, has no effect at this scale when its criteria have no signal or no effect, and is inconclusive
 otherwise. Writes OUTPUT/verdicts.json and OUTPUT/verdicts.md (every group),
 OUTPUT/verdicts.rst (the summary table) and OUTPUT/<group>.rst (hypothesis, expected result and verdict: the HTML
-report shows it under the group's plot). At the smoke scale a criterion on exact accuracy is judged on cell
-accuracy when exact accuracy is 0 for every run of the group (as the plots do, with a caveat), except one against
-a fixed `value` (a published exact accuracy, which no cell accuracy compares with); every output says that the
-runs are too short to test anything.
+report shows it under the group's plot). At a local scale (trm/study/scale.py, `cell_fallback`) a criterion on
+exact accuracy is judged on cell accuracy when exact accuracy is 0 for every run of the group (as the plots do,
+with a caveat), except one against a fixed `value` (a published exact accuracy, which no cell accuracy compares
+with); every output carries the scale's note on what its verdicts can say.
 """
 
 from __future__ import annotations
