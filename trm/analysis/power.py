@@ -28,7 +28,7 @@ import math
 import os
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
@@ -242,40 +242,33 @@ def planned_floor_df(study: Study, groups: list[dict]) -> int:
 def assess(study: Study) -> list[Assessment]:
     """Every criterion of the study's selected groups whose members are all planned, as planned."""
     groups = load_groups(study.groups_path, study.experiments_dir)
-    seeds = Counter(
-        experiment_of(run_id) for run_id in study.plan
-    )  # per experiment: its run and its replicates
+    seeds = Counter(experiment_of(run_id) for run_id in study.plan)  # per experiment: its run and replicates
     floor_df = planned_floor_df(study, groups)
     spreads: dict[str, Spread | None] = {}
     found = []
-    for group in groups:
-        if group["id"] not in study.selected_groups:
-            continue
+    for group in (g for g in groups if g["id"] in study.selected_groups):
         for number, criterion in enumerate(group["criteria"], start=1):
             metric, points = criterion["metric"], needed_members(criterion, group)
             if not all(p in seeds for p in points):
                 continue
             if metric not in spreads:
                 spreads[metric] = seed_spread(study.config["results"], metric)
-            assessed = Assessment(
-                f"{group['id']}.{number}", metric, resolution_of(criterion), spreads[metric]
-            )
-            if assessed.spread is None:
-                found.append(assessed)
+            name, resolution, spread = f"{group['id']}.{number}", resolution_of(criterion), spreads[metric]
+            if spread is None:
+                found.append(Assessment(name, metric, resolution, spread))
                 continue
-            figures = (assessed.spread.sd, floor_df, sampling_puzzles(metric, study.test_puzzles))
-            d = detectable_difference(criterion, group, seeds, *figures)
-            assessed = Assessment(assessed.criterion, metric, assessed.resolution, assessed.spread, d)
+            figures = (spread.sd, floor_df, sampling_puzzles(metric, study.test_puzzles))
+            assessed = Assessment(
+                name, metric, resolution, spread, detectable_difference(criterion, group, seeds, *figures)
+            )
             if not assessed.decidable:
-                needed = seeds_to_decide(criterion, group, seeds, *figures, assessed.resolution)
-                added = {
+                needed = seeds_to_decide(criterion, group, seeds, *figures, resolution)
+                added = {  # a run shared by two points (equal configs) is counted once
                     study.plan[p].hash: (max(needed - seeds[p], 0), sum(study.costs.hours[p].values()))
                     for p in points
                     if needed is not None
                 }
-                assessed = Assessment(
-                    assessed.criterion, metric, assessed.resolution, assessed.spread, d, needed, added
-                )
+                assessed = replace(assessed, seeds=needed, added=added)
             found.append(assessed)
     return found
 
