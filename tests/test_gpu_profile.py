@@ -33,7 +33,9 @@ def test_gpu_profile_plans_local_jobs_on_gpus_and_a_missing_gpu_is_one_line(tmp_
     assert done.returncode == 0, output[-3000:]
     assert "scale paper: 1 experiments" in output and "NVIDIA H100 GPU-hours" in output
     # exp01a's job, beside the baseline replicates that measure its noise floor (tests/test_selection.py).
-    (job_name,) = re.findall(r"launch --job (results/paper/jobs/\w+\.json) && \S+ summarize \S+ [^>]*exp01a\.json", output)
+    (job_name,) = re.findall(
+        r"launch --job (results/paper/jobs/\w+\.json) && \S+ summarize \S+ [^>]*exp01a\.json", output
+    )
     job_file = root / job_name
     job = json.loads(job_file.read_text())
     assert (job["backend"], job["platform"], job["hosts"], job["devices_per_host"]) == ("local", "gpu", 1, 1)

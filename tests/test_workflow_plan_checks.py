@@ -108,7 +108,9 @@ def test_a_placeholder_bucket_warns_in_a_dry_run_and_stops_a_run_that_reaches_st
     assert not (workdir / "results/smoke/pool").exists() and not (workdir / "results/smoke/datasets").exists()
     # ...but a job that reaches neither storage nor a slice runs, and a TPU study skips the preflight for it
     # (this machine has no gcloud: the preflight would fail).
-    done = run(workdir, *PROFILE, "results/smoke/pool/train.csv", "--config", "scale=smoke", "experiments=[exp01a]")
+    done = run(
+        workdir, *PROFILE, "results/smoke/pool/train.csv", "--config", "scale=smoke", "experiments=[exp01a]"
+    )
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert (
         "preflight" not in done.stdout + done.stderr and (workdir / "results/smoke/pool/test.csv").is_file()

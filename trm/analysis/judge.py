@@ -203,9 +203,10 @@ class _Judge:
         return judge(claim, bound, self.summaries[a], self.summaries[b])
 
 
-def _compare(criterion: dict, judged: _Judge) -> list[tuple[str, str, Judgement]]:
+def compare(criterion: dict, judged: _Judge) -> list[tuple[str, str, Judgement]]:
     """(a, b, judgement of a - b) for every difference the criterion reads, in the criterion's order; never a
-    member against itself (the module docstring)."""
+    member against itself (the module docstring). `judged(claim, bound, a, b)` judges one (trm.analysis.power
+    passes its own, to plan the same differences); `judged.summaries` give the means that pick a reference."""
     kind = criterion["check"]
     if kind == "monotonic":
         tolerance = criterion.get("tolerance", 0)
@@ -323,7 +324,7 @@ def judge_criterion(
     if criterion["check"] == "best_is_one_of":
         verdict, compared = _best_is_one_of(criterion, group, judged)
     else:
-        compared = _compare(criterion, judged)
+        compared = compare(criterion, judged)
         verdict = _all_of(compared)
     if verdict != NO_EFFECT and no_signal(samples[m] for m in members):
         value = summaries[members[0]].mean

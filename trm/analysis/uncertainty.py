@@ -248,8 +248,6 @@ def seeds_per_arm(
     """Seeds per point for a two-sided t test at 1 - confidence to detect `effect` with probability `power`,
     when one run varies by `sd`: exact (noncentral t) for two arms of equal size or one arm against a fixed
     number. None when more than `limit` would be needed (an effect of 0 never is detected)."""
-    from scipy import stats
-
     if not sd > 0:
         return 2 if effect != 0 else None
     if effect == 0:
@@ -258,13 +256,24 @@ def seeds_per_arm(
     # The t test never needs fewer runs than the normal approximation: start the search just below it.
     start = max(2, math.floor(normal_seeds_per_arm(effect, sd, arms, confidence, power)))
     for n in range(start, limit + 1):
-        df = arms * (n - 1)
-        noncentrality = standardized * math.sqrt(n / arms)
-        critical = stats.t.ppf(0.5 + confidence / 2, df)
-        achieved = stats.nct.sf(critical, df, noncentrality) + stats.nct.cdf(-critical, df, noncentrality)
-        if achieved >= power:
+        if achieved_power(standardized * math.sqrt(n / arms), arms * (n - 1), confidence) >= power:
             return n
     return None
+
+
+def achieved_power(noncentrality: float, df: float, confidence: float = CONFIDENCE) -> float:
+    """The probability that a difference's interval (its t quantile of `df` degrees of freedom, as `difference`
+    gives it) excludes a bound lying `noncentrality` standard errors from the true difference: noncentral t, the
+    normal at infinite df."""
+    from scipy import stats
+
+    critical = t_quantile(df, confidence)
+    if math.isinf(df):
+        return float(stats.norm.sf(critical - noncentrality) + stats.norm.cdf(-critical - noncentrality))
+    # The interval on the bound's wrong side also excludes it; NaN where it underflows (a large shift): 0.
+    wrong_side = float(stats.nct.cdf(-critical, df, noncentrality))
+    wrong_side = wrong_side if math.isfinite(wrong_side) else 0.0
+    return float(stats.nct.sf(critical, df, noncentrality)) + wrong_side
 
 
 def normal_seeds_per_arm(

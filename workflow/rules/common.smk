@@ -1,11 +1,13 @@
 # Parse time: build the study (trm/study/study.py: settings checked, experiments planned, costs estimated) from
-# the settings, print its planned cost, write each run's job file; the rules look everything up in it.
+# the settings, print its planned cost and what its seeds can decide, write each run's job file; the rules look
+# everything up in it.
 import os
 import sys
 
 from snakemake.exceptions import WorkflowError
 
 from trm.analysis.aggregate import repair_summaries
+from trm.analysis.power import report as power_report
 from trm.errors import UserError
 from trm.launch.local import one_thread_per_job
 from trm.study import interrupts
@@ -22,6 +24,8 @@ def _source_of(dotted):
 try:
     study = Study(config, _source_of, workflow.source_path("../schemas/config.schema.yaml"))
     print(study.costs.summary(), file=sys.stderr)
+    if power := power_report(study):  # at the paper and mini scales (trm/analysis/power.py)
+        print(power, file=sys.stderr)
     if study.placeholder_storage:  # a dry run reaches no storage; a real run refuses before its first job
         print(f"warning: {study.placeholder_storage} (needed before a real run)", file=sys.stderr)
     study.write_jobs()
