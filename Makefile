@@ -42,7 +42,7 @@ install: $(RUNTIME)
 install-test: $(TESTING)
 
 run: $(RUNTIME)
-	$(BIN)/snakemake --cores 2 all
+	$(BIN)/snakemake --cores all all
 	$(BIN)/snakemake --report results/report.html
 
 # Two pytest workers, one test module each at a time (module fixtures are built once); TEST_WORKERS=0 runs serially.

@@ -201,7 +201,9 @@ def test_sigint_and_sigterm_to_snakemake_stop_the_job_through_its_checkpoint_and
     assert finished.returncode == 0, finished.stderr[-3000:]
     host_log = Path(layout.host_log(str(study.run_dir), 0))
     stops = _stop_steps(host_log)
-    assert len(stops) == 3 and stops == sorted(stops) and 0 < stops[0] < study.steps and stops[-1] <= study.steps, stops
+    assert (
+        len(stops) == 3 and stops == sorted(stops) and 0 < stops[0] < study.steps and stops[-1] <= study.steps
+    ), stops
     assert f"resuming from step {stops[-1]} of {study.steps}" in log.read_text()
     assert host_log.read_text().count("(earlier attempts above)") == 3  # four attempts, none overwritten
     final, reference = (json.loads((d / layout.FINAL).read_text()) for d in (study.run_dir, study.reference))

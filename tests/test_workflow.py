@@ -251,7 +251,10 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     # The paper-recipe reference: its own row, in no group, drawn and labelled in every group's plots.
     assert (table.loc[2, "group"], table.loc[2, "varied"]) == ("reference", "paper recipe (batch 768)")
     assert table.loc[2, "train.global_batch_size"] * 8 == table.loc[0, "train.global_batch_size"]  # 768, 6144
-    assert table.loc[1, "data.train_puzzles"] == plan_study("smoke", ["exp04a_100"])[0].config["data"]["train_puzzles"]
+    assert (
+        table.loc[1, "data.train_puzzles"]
+        == plan_study("smoke", ["exp04a_100"])[0].config["data"]["train_puzzles"]
+    )
     assert (table["parameter_count"] > 0).all() and (table["wall_time_s"] > 0).all()
     assert table["test_exact_accuracy"].between(0, 1).all()
     # One run per selected experiment: a cell accuracy's interval is the noise floor (the baseline's seeds) with
