@@ -72,10 +72,10 @@ SMOKE = Scale(
         "data.train_puzzles": ("divide", 10, 2),  # 1000 -> 100; exp04a 100..5000 -> 10..500
         "data.num_aug": ("divide", 20, 1),  # 1000 -> 50; exp04b 10..2000 -> 1..100
         "train.global_batch_size": ("divide", 192, 1),  # 6144 -> 32; exp06 1536..49152 -> 8..256
-        "optim.lr": ("multiply", 100),  # 1e-4 -> 1e-2; exp10 and exp06 keep their ratios
-        "optim.puzzle_emb_lr": ("multiply", 100),
+        "optim.lr": ("multiply", 30),  # 1e-4 -> 3e-3; exp10 and exp06 keep their ratios
+        "optim.puzzle_emb_lr": ("multiply", 30),
         "optim.lr_warmup_steps": ("divide", 200, 1),  # 2000 -> 10
-        "optim.ema_rate": ("horizon", 100, 0.25),  # 0.999 -> 0.9; exp08 0.99..0.9995 -> 0.25..0.95
+        "optim.ema_rate": ("horizon", 50, 0.25),  # 0.999 -> 0.95; exp08 0.99..0.9995 -> 0.5..0.975
         "schedules.curriculum.epochs": ("divide", 781, 1),  # 10000 of 50000 epochs -> 13 of 64
         "train.epochs": ("set", 64),  # 200 steps at the baseline's 100 puzzles / 32 batch
         "train.eval_interval": ("set", 16),  # four evaluations
