@@ -112,7 +112,7 @@ MINI = Scale(
     cell_fallback=True,
     note=(
         "mini scale (provisional): 6x6 puzzles; its recipe is not yet chosen from a measured learning curve "
-        "(docs/statistics.md, \"The local scales\"), so treat its verdicts as a pipeline check until it is"
+        '(docs/statistics.md, "The local scales"), so treat its verdicts as a pipeline check until it is'
     ),
 )
 PAPER = Scale("paper")
