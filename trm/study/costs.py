@@ -39,7 +39,6 @@ from trm.study.estimate import (
 )
 from trm.study.measured import Measurements, finished_runs, step_key
 from trm.study.plan import experiment_of
-from trm.study.scale import scale_of
 
 if TYPE_CHECKING:
     from trm.study.study import Study
@@ -62,7 +61,7 @@ class Costs:
         config = study.config
         self.accelerator = config["accelerator"]
         self.device_hours = f"{self.accelerator['name']}-hours"
-        self.test_puzzles = scale_of(study.scale).test_puzzles
+        self.test_puzzles = study.test_puzzles
         self.hours: dict[str, dict[str, float]] = {}
         self.source: dict[str, str] = {}
         # Experiments estimated from their compiled steps -> the file of the figures used.

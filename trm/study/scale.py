@@ -32,6 +32,8 @@ from typing import Any
 
 from trm.errors import UserError
 
+SUDOKU_EXTREME_TEST_PUZZLES = 423_168  # the paper scale's test split
+
 
 @dataclass(frozen=True)
 class Pool:
@@ -48,15 +50,19 @@ class Pool:
 @dataclass(frozen=True)
 class Scale:
     """A scale: its rules (key -> rule, see `_apply`), its puzzles (a generated `pool`, or None for the workflow's
-    `source`: Sudoku-Extreme), the test puzzles a run's final evaluation scores, and whether a group whose exact
-    accuracy is 0 throughout is judged and plotted on cell accuracy instead (too short to solve puzzles)."""
+    `source`: Sudoku-Extreme), and whether a group whose exact accuracy is 0 throughout is judged and plotted on
+    cell accuracy instead (too short to solve puzzles)."""
 
     name: str
     rules: dict[str, tuple] = field(default_factory=dict)
     pool: Pool | None = None
-    test_puzzles: int = 423_168  # Sudoku-Extreme's test split
     cell_fallback: bool = False
     note: str = ""  # what a verdict of this scale can and cannot say, printed with the verdicts
+
+    @property
+    def test_puzzles(self) -> int:
+        """The test puzzles a run's final evaluation scores: its pool's test split, or Sudoku-Extreme's."""
+        return SUDOKU_EXTREME_TEST_PUZZLES if self.pool is None else self.pool.test
 
 
 # Rules: key -> ("divide", divisor, minimum): round(value / divisor), at least minimum; ("multiply", factor);
@@ -82,7 +88,6 @@ SMOKE = Scale(
         "train.eval_subset": ("set", 64),
     },
     pool=Pool("4x4", train=500, test=256),
-    test_puzzles=256,
     cell_fallback=True,
     note=(
         "smoke scale: 4x4 puzzles and a few hundred optimizer steps, short of convergence; a verdict here is about "
@@ -108,7 +113,6 @@ MINI = Scale(
         "train.eval_subset": ("set", 512),
     },
     pool=Pool("6x6", train=5000, test=1024),
-    test_puzzles=1024,
     cell_fallback=True,
     note=(
         "mini scale (provisional): 6x6 puzzles; its recipe is not yet chosen from a measured learning curve "
