@@ -175,8 +175,6 @@ def lowered_steps(config: dict, chip: Accelerator) -> LoweredSteps:
     import numpy as np
     from jax.sharding import Mesh
 
-    from trm.data.board import parse_board
-    from trm.data.format import sudoku_metadata
     from trm.model.config import ModelConfig
     from trm.model.flops import flops_per_example_step, forward_flops_per_example_step
     from trm.run.distributed import DATA_AXIS, replicated
@@ -186,9 +184,7 @@ def lowered_steps(config: dict, chip: Accelerator) -> LoweredSteps:
     if problem := batch_split_problem(config["train"], len(devices)):
         raise UserError(problem)
     mesh = Mesh(np.array(devices), (DATA_AXIS,))
-    cfg = ModelConfig.from_dict(
-        config["arch"], sudoku_metadata(1, parse_board(config["data"]["board"], "data.board"))
-    )
+    cfg = ModelConfig.planned(config)
     model = ModelTemplate(cfg, seed=0)
     rows = config["train"]["global_batch_size"]
     state = abstract_state(model, config, rows, mesh)

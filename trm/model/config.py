@@ -53,6 +53,16 @@ class ModelConfig:
             raise UserError(f"dataset metadata lacks {', '.join(missing)}")
         return cls(**{k: dataset_meta[k] for k in DATASET_FIELDS}, **arch)
 
+    @classmethod
+    def planned(cls, config: dict[str, Any]) -> ModelConfig:
+        """The model a resolved run config trains, sized for one puzzle identifier on its `data.board`: what
+        planning needs (parameters, FLOPs, a compile), before any dataset exists."""
+        from trm.data.board import parse_board
+        from trm.data.format import sudoku_metadata
+
+        board = parse_board(config["data"]["board"], "data.board")
+        return cls.from_dict(config["arch"], sudoku_metadata(1, board))
+
     @property
     def dtype(self) -> Any:
         """The activation (forward) dtype, a jax.numpy dtype (imported here: reading a config needs no JAX)."""

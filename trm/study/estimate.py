@@ -36,13 +36,10 @@ def training_steps(config: dict) -> int:
 
 def model_costs(config: dict) -> dict:
     """Parameter count and per-example FLOPs of one training and one evaluation supervision step."""
-    from trm.data.board import parse_board
-    from trm.data.format import sudoku_metadata
     from trm.model.config import ModelConfig  # imports JAX: only when a cost is not cached
     from trm.model.flops import count_params, flops_per_example_step, forward_flops_per_example_step
 
-    board = parse_board(config["data"]["board"], "data.board")
-    model = ModelConfig.from_dict(config["arch"], sudoku_metadata(1, board))
+    model = ModelConfig.planned(config)
     return {
         "parameter_count": count_params(model),
         "train_flops_per_example_step": flops_per_example_step(model),
