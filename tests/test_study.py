@@ -19,10 +19,18 @@ from workflow_support import DEFAULTS, REPO, TPU_PROFILE, refused, study
 from trm.config import config_hash
 from trm.errors import UserError
 from trm.launch.job import read_job
-from trm.study.estimate import evaluation_flops, evaluation_passes, model_costs, training_flops
+from trm.study.estimate import (
+    accelerator_hours,
+    evaluation_batch_steps,
+    evaluation_flops,
+    evaluation_passes,
+    model_costs,
+    training_flops,
+    training_steps,
+)
 from trm.study.groups import load_groups
 from trm.study.plan import dataset_name, plan_study
-from trm.study.scale import SMOKE
+from trm.study.scale import MINI, SMOKE
 from trm.study.settings import check_settings, load_schema, setting_source
 from trm.study.study import CLOUD_RULES, TRM, Study
 
@@ -250,6 +258,33 @@ def test_a_price_per_device_hour_prices_the_planned_hours(tmp_path):
     assert "bills while it exists" in price
     message = refused(tmp_path, {"accelerator": {"price_per_hour": -1}})
     assert "accelerator.price_per_hour" in message and "--config" in message
+
+
+def test_a_step_floor_prices_dispatch_bound_steps_and_leaves_large_ones(tmp_path):
+    # The mini baseline's step on a GPU is bound by dispatch (2.7 ms measured on an H200), not by its FLOPs: a
+    # floor of s seconds a step prices each training step and each supervision step of an evaluation batch at s.
+    settings = {"scale": "mini", "groups": ["exp06"], "replicates": {"mini": {"baseline": 1}}}
+    gpu = {"name": "GPU", "peak_flops": 1e15, "utilization": 0.4}
+    bare = study(tmp_path / "bare", {**settings, "accelerator": gpu}).costs
+    floored = study(tmp_path / "floor", {**settings, "accelerator": {**gpu, "step_floor_s": 0.0027}}).costs
+    config = next(e.config for e in plan_study("mini", ["exp06_c"]))
+    steps = training_steps(config)
+    assert steps == 2000  # 128 epochs x 1000 puzzles / batch 64 (rounded per evaluation interval)
+    assert floored.hours["exp06_c"]["training"] == pytest.approx(steps * 0.0027 / 3600)
+    assert bare.hours["exp06_c"]["training"] < floored.hours["exp06_c"]["training"] / 10
+    # Evaluation: 7 intermediate passes of 512 puzzles (8 batches of 64) to 16 steps, one final pass of the 1,024
+    # test puzzles (16 batches) to 64 steps, the largest test-time count.
+    batch_steps = evaluation_batch_steps(config, MINI.test_puzzles, (16, 32, 64))
+    assert batch_steps == 7 * 8 * 16 + 16 * 64
+    assert floored.hours["exp06_c"]["evaluation"] == pytest.approx(batch_steps * 0.0027 / 3600)
+    assert "at least 2.7 ms a step (accelerator.step_floor_s)" in floored.summary().splitlines()[0]
+    # A step slower than the floor keeps its FLOPs' time: the paper's baseline at batch 6144.
+    paper = next(e.config for e in plan_study("paper", ["exp01c"]))
+    flops = training_flops(paper, model_costs(paper))
+    assert accelerator_hours(flops, 1e15, 0.4, training_steps(paper), 0.0027) == accelerator_hours(
+        flops, 1e15, 0.4
+    )
+    assert "accelerator.step_floor_s" in refused(tmp_path, {"accelerator": {"step_floor_s": 0}})
 
 
 def test_estimate_matches_the_spec_flops_of_a_paper_baseline_run():

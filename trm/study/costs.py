@@ -32,6 +32,7 @@ from trm.study.estimate import (
     compiled_run_hours,
     compiled_step_seconds,
     describe_evaluation,
+    evaluation_batch_steps,
     evaluation_flops,
     evaluation_passes,
     training_flops,
@@ -111,7 +112,17 @@ class Costs:
                 self.source[exp.id] = SAME_STEP if self.measured.same_shape(key) else MEASURED_RATE
                 continue
             peak, utilization = self.accelerator["peak_flops"], self.accelerator["utilization"]
-            self.hours[exp.id] = {k: accelerator_hours(v, peak, utilization) for k, v in flops.items()}
+            steps = {
+                "training": training_steps(exp.config),
+                "evaluation": evaluation_batch_steps(
+                    exp.config, self.test_puzzles, study.test_time_steps, devices, study.test_time_subset
+                ),
+            }
+            floor = self.accelerator["step_floor_s"]
+            self.hours[exp.id] = {
+                k: accelerator_hours(v, peak, utilization, steps[k] * devices, floor)
+                for k, v in flops.items()
+            }
             self.source[exp.id] = ASSUMED
         cache.save()
         self.finished = finished_runs(
@@ -168,7 +179,9 @@ class Costs:
         return self.study.backend == "tpu-vm" and self.study.scale == "paper"
 
     def _assumed(self) -> str:
-        return f"an assumed {self.accelerator['utilization']:.0%} of peak"
+        floor = self.accelerator["step_floor_s"]
+        at_least = f", at least {floor * 1000:.3g} ms a step (accelerator.step_floor_s)" if floor else ""
+        return f"an assumed {self.accelerator['utilization']:.0%} of peak{at_least}"
 
     def _measured(self) -> str:
         """Where a local study's measurements come from, in words."""

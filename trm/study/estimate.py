@@ -7,7 +7,8 @@ the end of every `eval_interval` epochs but the last, `eval_steps` forward super
 of `eval_steps` and the test-time step counts (the smaller counts are recorded on the way), or, with a test-time
 subset, one pass over the whole split to `eval_steps` and one over the subset to the largest count. Every row of a
 batch is computed, so the puzzles are rounded up to whole batches.
-Accelerator-hours = FLOPs / (peak FLOP/s per device x utilization) / 3600; the number of devices changes the
+Accelerator-hours = FLOPs / (peak FLOP/s per device x utilization) / 3600, and at least `accelerator.step_floor_s`
+per step and device where it is set (a GPU's launch-bound small steps); the number of devices changes the
 wall time, not the device-hours. Compilation and input pipeline time are not included.
 
 Where `trm compile-check` has compiled a run's steps for the slice (the workflow's `compile_check` target),
@@ -54,6 +55,25 @@ def training_flops(config: dict, costs: dict) -> float:
     )
 
 
+def _evaluation_puzzles(
+    config: dict,
+    test_puzzles: int,
+    test_time_steps: Sequence[int],
+    test_time_subset: int | None,
+) -> dict[str, tuple]:
+    """Each of the trainer's evaluations of a run as (evaluations, puzzles, supervision steps)."""
+    train = config["train"]
+    subset = test_puzzles if train["eval_subset"] is None else min(train["eval_subset"], test_puzzles)
+    longest = max((train["eval_steps"], *test_time_steps))
+    # As the trainer decides (trm/train/test_time.py, curve_rows): a subset smaller than the split, if any curve.
+    on_subset = bool(test_time_steps) and test_time_subset is not None and test_time_subset < test_puzzles
+    return {
+        "intermediate": (train["epochs"] // train["eval_interval"] - 1, subset, train["eval_steps"]),
+        "final": (1, test_puzzles, train["eval_steps"] if on_subset else longest),
+        "test_time": (1, test_time_subset, longest) if on_subset else (0, 0, 0),
+    }
+
+
 def evaluation_passes(
     config: dict,
     test_puzzles: int,
@@ -66,21 +86,29 @@ def evaluation_passes(
     `test_time_subset` puzzles, trm/train/test_time.py: 0 evaluations when the final pass scores the curve, to the
     largest count, on the whole split). Rows are whole batches, and fewer puzzles than one batch run in one batch
     just large enough for them on `devices` (trm/train/evaluator.py)."""
-    train = config["train"]
-
-    def rows(puzzles: int) -> int:
-        batch = evaluation_batch(train["global_batch_size"], puzzles, devices)
-        return math.ceil(puzzles / batch) * batch
-
-    subset = test_puzzles if train["eval_subset"] is None else min(train["eval_subset"], test_puzzles)
-    longest = max((train["eval_steps"], *test_time_steps))
-    # As the trainer decides (trm/train/test_time.py, curve_rows): a subset smaller than the split, if any curve.
-    on_subset = bool(test_time_steps) and test_time_subset is not None and test_time_subset < test_puzzles
+    batch = config["train"]["global_batch_size"]
+    passes = _evaluation_puzzles(config, test_puzzles, test_time_steps, test_time_subset)
     return {
-        "intermediate": (train["epochs"] // train["eval_interval"] - 1, rows(subset), train["eval_steps"]),
-        "final": (1, rows(test_puzzles), train["eval_steps"] if on_subset else longest),
-        "test_time": (1, rows(test_time_subset), longest) if on_subset else (0, 0, 0),
+        name: (count, math.ceil(n / (b := evaluation_batch(batch, n, devices))) * b if n else 0, steps)
+        for name, (count, n, steps) in passes.items()
     }
+
+
+def evaluation_batch_steps(
+    config: dict,
+    test_puzzles: int,
+    test_time_steps: Sequence[int],
+    devices: int = 1,
+    test_time_subset: int | None = None,
+) -> int:
+    """Supervision steps of whole evaluation batches over a run's evaluations: what a per-step floor prices."""
+    batch = config["train"]["global_batch_size"]
+    passes = _evaluation_puzzles(config, test_puzzles, test_time_steps, test_time_subset).values()
+    return sum(
+        count * math.ceil(n / evaluation_batch(batch, n, devices)) * steps
+        for count, n, steps in passes
+        if count
+    )
 
 
 def describe_evaluation(passes: dict[str, tuple], test_time_steps: Sequence[int]) -> str:
@@ -110,9 +138,16 @@ def evaluation_flops(
     )
 
 
-def accelerator_hours(flops: float, peak_flops: float, utilization: float) -> float:
-    """Device-hours to execute `flops` at `utilization` of `peak_flops` per device."""
-    return flops / (peak_flops * utilization) / 3600.0
+def accelerator_hours(
+    flops: float, peak_flops: float, utilization: float, steps: int = 0, step_floor_s: float | None = None
+) -> float:
+    """Device-hours to execute `flops` at `utilization` of `peak_flops` per device; with `step_floor_s`, at least
+    that many seconds for each of `steps` device-steps (a step's count x its devices: small shapes are bound by
+    dispatch, not FLOPs)."""
+    seconds = flops / (peak_flops * utilization)
+    if step_floor_s:
+        seconds = max(seconds, steps * step_floor_s)
+    return seconds / 3600.0
 
 
 class CostCache:
