@@ -88,6 +88,24 @@ def test_a_measured_mini_table_sets_the_spread_and_the_summary_names_it(tmp_path
     )
 
 
+def test_a_spread_measured_at_the_ceiling_is_not_assumed(tmp_path):
+    # The mini baseline measured on one H200: 3 seeds at 99.6 to 99.7%, a spread the ceiling squeezes.
+    planned = study(tmp_path, {"experiments": ["exp01a", "exp01c"], "storage": BUCKET}, profile=TPU_PROFILE)
+    table = Path(planned.config["results"]) / "mini" / "table.csv"
+    table.parent.mkdir(parents=True)
+    rows = pd.DataFrame({"id": ["exp01c"] * 3, "test_exact_accuracy": [0.997, 0.996, 0.996]})
+    runs_table(rows, group="exp01").assign(baseline=True).to_csv(table, index=False)
+    spread = power.seed_spread(planned.config["results"], "test_exact_accuracy")
+    assert spread.sd == SD and "public reproductions" in spread.source
+    assert f"reference runs in {table} sit at 99.6%, where their spread is squeezed" in spread.source
+    # Away from the ceiling the same table's spread is the one assumed.
+    rows["test_exact_accuracy"] -= 0.1
+    runs_table(rows, group="exp01").assign(baseline=True).to_csv(table, index=False)
+    assert power.seed_spread(planned.config["results"], "test_exact_accuracy").sd == pytest.approx(
+        0.000577, rel=0.01
+    )
+
+
 def test_the_smoke_scale_states_no_power(tmp_path):
     assert power.report(study(tmp_path)) == ""
 

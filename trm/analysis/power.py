@@ -3,8 +3,8 @@ scales that decide the hypotheses (paper, mini). docs/statistics.md, "Power befo
 its assumptions. For each criterion of config/groups.yaml whose members the plan holds:
 
 - σ, the seed spread of its metric (the sd of one run over seeds): the verdicts' own noise floor (the pooled sd of
-  the reference configurations' seeds) in the newest results table of the mini scale that measures one, else
-  PUBLIC_SEED_SD. A metric with neither (a speed, a count of epochs or steps: spread by hardware and schedule, not
+  the reference configurations' seeds) in the newest results table of the mini scale that measures one, unless
+  those runs sit within SQUEEZED of the metric's ceiling or floor; else PUBLIC_SEED_SD. A metric with neither (a speed, a count of epochs or steps: spread by hardware and schedule, not
   by seed alone) is not assessed;
 - each point as the verdicts will summarize it (uncertainty.summarize): n >= 2 seeds whose sample sd is exactly σ,
   or one run with the planned noise floor (σ, at the degrees of freedom the planned reference seeds give) and its
@@ -40,6 +40,7 @@ from trm.analysis.judge import (
     needed_members,
     noise_floors,
     reference_ids,
+    samples_by_configuration,
     sampling_puzzles,
 )
 from trm.analysis.uncertainty import (
@@ -73,6 +74,9 @@ PUBLIC_SOURCE = (
 RESOLUTION = (
     POINT  # the claims' precision (margins of 1 to 3 points): what a criterion without a bound must resolve
 )
+# A spread measured where the reference runs sit at a fraction's ceiling or floor is squeezed by it (the mini
+# baseline's 3 seeds at 99.6 to 99.7%: sd 0.06 points), and says nothing of a recipe near the middle: not used.
+SQUEEZED = 0.05  # a reference mean within this of 0 or 1
 SEEDS_LIMIT = 200  # the most seeds per point looked for
 WORST_ACCURACY = 0.5  # where one run's sampling interval is widest
 
@@ -107,19 +111,26 @@ class Assessment:
 
 def seed_spread(results_root: str, metric: str) -> Spread | None:
     """The seed spread a plan assumes for `metric`: the noise floor the verdicts would pool from the newest table of
-    results_root/mini that measures one, else the public figure; None for a metric that is not a fraction, or
-    has neither."""
+    results_root/mini that measures one (unless its reference runs are squeezed at the ceiling or floor), else the
+    public figure; None for a metric that is not a fraction, or has neither."""
     if not is_fraction(metric):
         return None
+    squeezed = ""
     for path in tables(os.path.join(results_root, MEASURING_SCALE)):
         try:
             table = read_table(path, RUN_TABLE_COLUMNS)
         except UserError:  # damaged or foreign: an older table may still measure it
             continue
-        if metric in table and (floor := noise_floors(table, [metric], reference_ids(table))[metric]):
-            return Spread(floor.sd, f"measured: {floor.runs} seeds of the reference runs in {path}")
+        if metric not in table or not (floor := noise_floors(table, [metric], reference_ids(table))[metric]):
+            continue
+        samples = samples_by_configuration(table, metric, reference_ids(table))
+        mean = sum(v for runs in samples.values() for v in runs) / sum(len(runs) for runs in samples.values())
+        if min(mean, 1 - mean) < SQUEEZED:
+            squeezed = f"; the mini scale's reference runs in {path} sit at {mean:.1%}, where their spread is squeezed"
+            break
+        return Spread(floor.sd, f"measured: {floor.runs} seeds of the reference runs in {path}")
     if metric in PUBLIC_SEED_SD:
-        return Spread(PUBLIC_SEED_SD[metric], PUBLIC_SOURCE)
+        return Spread(PUBLIC_SEED_SD[metric], PUBLIC_SOURCE + squeezed)
     return None
 
 

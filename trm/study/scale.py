@@ -10,9 +10,9 @@ depths, halting, dtype, optimizer, schedules' switches) keep their experiment's 
 - `smoke` (`make run`, the workflow's default): 4x4 puzzles, width 32, a few hundred optimizer steps: the whole
   study in minutes on a laptop's CPU, with a baseline that solves puzzles. Short of convergence, so its verdicts
   say so.
-- `mini`: 6x6 puzzles, width 64, meant to train to convergence and decide the study's hypotheses at a small
-  scale, in CPU hours or GPU minutes per run. Provisional: its recipe is not yet chosen from a measured learning
-  curve, and its note says so.
+- `mini`: 6x6 puzzles, width 64, trained past its baseline's learning transition: its 56 runs took 7.5 minutes
+  on one H200, 12 at a time (CPU hours per run). Its baseline solves 99.6% of held-out puzzles, so it has headroom
+  below only, and its note says what that leaves a verdict to say.
 
 Both keep the paper's proportions where the paper's code rounds for accelerators: a SwiGLU's inner width is about 3
 times its width at the paper's 512 (1536), but rounding up to a multiple of 256 would make it 8 times at width 32,
@@ -115,8 +115,10 @@ MINI = Scale(
     pool=Pool("6x6", train=5000, test=1024),
     cell_fallback=True,
     note=(
-        "mini scale (provisional): 6x6 puzzles; its recipe is not yet chosen from a measured learning curve "
-        '(docs/statistics.md, "The local scales"), so treat its verdicts as a pipeline check until it is'
+        "mini scale: 6x6 puzzles, trained past the baseline's learning transition (99.6% test exact accuracy over "
+        "3 seeds on one GPU): a criterion that needs a gain over the baseline cannot be supported here, and one "
+        "that bounds a gain holds at the ceiling; a verdict says which settings fall short of it "
+        '(docs/statistics.md, "The local scales")'
     ),
 )
 PAPER = Scale("paper")
