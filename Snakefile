@@ -33,7 +33,9 @@ localrules:
 
 
 
-# Before the first job (never in dry runs): SIGINT and SIGTERM (like Ctrl-C) stop every running job through its
+# Before the first job (never in dry runs, which write nothing): each run's job file (RESULTS/jobs/<hash>.json, what
+# its train job launches and the table reads its config from), and the model costs computed while planning, kept for
+# the next plan (results/.cache). SIGINT and SIGTERM (like Ctrl-C) stop every running job through its
 # checkpoint, and Snakemake then exits 128 + the signal (trm/study/interrupts.py; README "Stopping a study"). When a
 # job to run reaches storage or a slice: a placeholder bucket is refused and, of a TPU study, gcloud, credentials,
 # the bucket, the TPU API, the slices and ssh are checked, each failure with its fix (trm preflight;
@@ -41,6 +43,8 @@ localrules:
 onstart:
     interrupts.install()
     try:
+        study.write_jobs()
+        study.costs.save_cache()
         study.check_before_jobs({job.rule.name for job in workflow.dag.needrun_jobs()})
     except UserError as err:
         raise WorkflowError(str(err)) from None

@@ -11,14 +11,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from workflow_support import copy_workflow
+import yaml
+from workflow_support import copy_workflow, study
 
 pytestmark = pytest.mark.workflow
 
 BIN = Path(sys.executable).parent
 
 
-def test_gpu_profile_plans_local_jobs_on_gpus_and_a_missing_gpu_is_one_line(tmp_path):
+def test_gpu_profile_plans_local_jobs_on_gpus_and_a_missing_gpu_is_one_line(tmp_path, monkeypatch):
     root = copy_workflow(tmp_path / "study")
     env = {**os.environ, "HOME": str(tmp_path)}
     done = subprocess.run(
@@ -37,6 +38,12 @@ def test_gpu_profile_plans_local_jobs_on_gpus_and_a_missing_gpu_is_one_line(tmp_
         r"launch --job (results/paper/jobs/\w+\.json) && \S+ summarize \S+ [^>]*exp01a\.json", output
     )
     job_file = root / job_name
+    # A dry run writes nothing; a real run writes the job file before its first job, as here from the same settings.
+    assert not job_file.exists()
+    monkeypatch.chdir(root)
+    profile = yaml.safe_load((root / "profiles/gpu/study.yaml").read_text())
+    settings = {"results": "results", "storage": "results/storage", "experiments": ["exp01a"]}
+    study(root, settings, profile=profile).write_jobs()
     job = json.loads(job_file.read_text())
     assert (job["backend"], job["platform"], job["hosts"], job["devices_per_host"]) == ("local", "gpu", 1, 1)
     assert f"launch --job {job_file.relative_to(root)}" in output

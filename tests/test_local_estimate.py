@@ -127,7 +127,9 @@ def test_a_local_plan_estimates_from_the_steps_this_machine_measured(tmp_path):
     assert figures and float(figures[1]) == float(f"{2 * WALL_S / 3600:.3g}")
     # Their own step times and the mean start-up: the two runs' wall time, exactly.
     assert float(figures[3]) == 1.0
-    # Planning from these measurements (the model costs cached) imports neither JAX nor pandas.
+    # Planning from these measurements (the model costs cached, as a real run's onstart keeps them) imports neither
+    # JAX nor pandas.
+    planned.costs.save_cache()
     done = subprocess.run(
         [sys.executable, "-c", PROBE],
         input=json.dumps(planned.config),

@@ -55,6 +55,34 @@ def test_imports_flow_one_way_down_the_pipeline():
     assert not wrong, "imports against the pipeline order " + " -> ".join(ORDER) + ":\n" + "\n".join(wrong)
 
 
+def _module_name(path: Path) -> str:
+    """trm/study/costs.py -> 'trm.study.costs'; trm/config/__init__.py -> 'trm.config'."""
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_import_circle():
+    """No module imports, even for type hints or inside a function, one that imports it back (directly or
+    through others): the layers' order leaves room for circles within a package, which this closes."""
+    names = {_module_name(path): path for path in _modules()}
+    graph = {name: {m for m in _imports(path) if m in names and m != name} for name, path in names.items()}
+    circles, state = [], {}  # state: 1 while on the DFS path, 2 when done
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for nxt in sorted(graph[name]):
+            if state.get(nxt) == 1:
+                circles.append(" -> ".join([*path[path.index(nxt) :], nxt]))
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not circles, "import circles:\n" + "\n".join(circles)
+
+
 def test_every_package_is_placed_in_the_order():
     packages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     modules = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__", "cli"}

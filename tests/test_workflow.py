@@ -213,21 +213,6 @@ def test_lint_is_clean_but_for_the_software_environments():
     assert lints and set(lints) == {"* Specify a conda environment or container for each rule.:"}, output
 
 
-# ------------------------------------------------------------------------------------------ job files
-
-
-def test_parsing_writes_each_runs_job_file_once(workdir):
-    experiments = ["exp01a", "exp01c", "exp05_d"]  # two baselines: one run, one job file (per seed)
-    planned_jobs(workdir, {"experiments": experiments, "replicates": {"smoke": {"baseline": 1}}})
-    plan = plan_study("smoke", experiments)  # parsing the workflow wrote the files
-    files = sorted((workdir / "results/smoke/jobs").iterdir())
-    assert [f.name for f in files] == sorted({f"{exp.hash}.json" for exp in plan}) and len(files) == 2
-    for exp in plan:
-        job = read_job(str(workdir / f"results/smoke/jobs/{exp.hash}.json"))
-        assert job.run.config == exp.config and job.run.config_hash == exp.hash
-        assert job.run.run_dir == f"results/storage/smoke/runs/{exp.hash}"
-
-
 # ---------------------------------------------------------------------------------------------- end to end
 
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from workflow_support import TPU_PROFILE, study
 
 from trm.errors import UserError
 from trm.launch.job import read_job
@@ -151,12 +152,21 @@ def test_nested_settings_from_the_command_line_are_typed_and_errors_are_one_line
 
 
 def test_a_results_folder_that_cannot_be_written_is_one_line(workdir):
-    """The job files are written at parse time: a results folder that refuses them (read-only, full, or a file in
-    the way, as here: root may write anywhere) is the one-line refusal of every other parse-time error."""
+    """The job files are written before the first job (never by a dry run): a results folder that refuses them
+    (read-only, full, or a file in the way, as here: root may write anywhere) stops the run in one line."""
     (workdir / "results/smoke").mkdir(parents=True)
     (workdir / "results/smoke/jobs").write_text("")
     code, output = dry_run(workdir, "--config", "experiments=[exp01a]")
-    assert code != 0
+    assert code == 0, output[-3000:]
+    done = subprocess.run(
+        [SNAKEMAKE, "--cores", "1", "--config", "experiments=[exp01a]", "--", "results/smoke/pool/train.csv"],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    code, output = done.returncode, done.stdout + done.stderr
+    assert code != 0 and not (workdir / "results/smoke/pool").exists()
     path = f"results/smoke/jobs/{plan_study('smoke', ['exp01a'])[0].hash}.json"
     assert (
         f"cannot write {workdir / path}: {workdir / 'results/smoke/jobs'} is a file, not a folder" in output
@@ -186,7 +196,7 @@ def test_commands_read_the_config_of_the_checkout_they_run_in(workdir, tmp_path)
     assert "note:" not in elsewhere.stderr
 
 
-def test_an_experiment_can_run_on_its_own_accelerator_and_pool(workdir):
+def test_an_experiment_can_run_on_its_own_accelerator_and_pool(workdir, tmp_path):
     """profiles/tpu-v4-64 runs the paper-recipe reference (batch 768) on a v4-8: its own shape, pool and hours."""
     code, output = dry_run(workdir, *PROFILE, "-p", "--config", BUCKET, "experiments=[exp01c,ref_paper]")
     assert code == 0, output[-3000:]
@@ -204,7 +214,14 @@ def test_an_experiment_can_run_on_its_own_accelerator_and_pool(workdir):
     # Each job file carries its experiment's shape and pool; the train commands only name them.
     launches = [line for line in lines if " launch --job " in line]
     assert len(launches) == 4 and "--tpu" not in "".join(launches)  # exp01c with its 2 replicates, ref_paper
-    jobs = {job.run.config["train"]["global_batch_size"]: job for job in map(read_job, job_files(workdir))}
+    # The job files themselves, as a real run writes them before its first job (a dry run writes none).
+    settings = {"storage": BUCKET.split("=")[1], "experiments": ["exp01c", "ref_paper"]}
+    planned = study(tmp_path, settings, profile=TPU_PROFILE)
+    planned.write_jobs()
+    jobs = {
+        job.run.config["train"]["global_batch_size"]: job
+        for job in (read_job(planned.job_file(e)) for e in planned.runs())
+    }
     assert (jobs[768].hosts, jobs[768].devices_per_host, jobs[768].tpu["slices"]) == (1, 4, ["trm-v4-8"])
     assert jobs[768].tpu["accelerator_type"] == "v4-8" and jobs[768].backend == "tpu-vm"
     assert (jobs[6144].hosts, jobs[6144].devices_per_host, jobs[6144].tpu["slices"]) == (8, 4, ["trm-v4-64"])
@@ -214,7 +231,3 @@ def test_an_experiment_can_run_on_its_own_accelerator_and_pool(workdir):
     assert code != 0 and "train.global_batch_size=768 must be divisible" in output and "5 devices" in output
     code, output = dry_run(workdir, "--config", "launch={per_experiment: {ref_papr: {hosts: 2}}}")
     assert code != 0 and "launch.per_experiment: no experiment ref_papr" in output
-
-
-def job_files(workdir: Path) -> list[str]:
-    return [str(path) for path in sorted((workdir / "results/paper/jobs").iterdir())]

@@ -6,6 +6,7 @@ injected command. Bad storage URLs are refused at parse time."""
 from __future__ import annotations
 
 import ast
+import copy
 import os
 import re
 import shlex
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from workflow_support import study
 
 from trm.launch.job import read_job
 from trm.study.plan import plan_study, stage_receipt
@@ -82,7 +84,7 @@ def test_every_placeholder_of_every_shell_command_is_quoted():
 
 
 @pytest.mark.parametrize("backend", ["local", "tpu-vm"])
-def test_dry_run_prints_every_hostile_setting_as_one_quoted_argument(workdir, backend):
+def test_dry_run_prints_every_hostile_setting_as_one_quoted_argument(workdir, backend, monkeypatch):
     settings: dict = {"experiments": ["exp01a"]}
     values = {"results": hostile("results"), "lock_dir": hostile("lock_dir")}
     if backend == "local":
@@ -115,6 +117,10 @@ def test_dry_run_prints_every_hostile_setting_as_one_quoted_argument(workdir, ba
     in_job = {"lock_dir", "code_url"}  # the launcher's settings reach it in the job file, not in a command
     expected = set(values) - in_job
     assert carried == expected, f"settings that reached no command: {expected - carried}"
+    # The job files, as a real run writes them before its first job (a dry run writes none), from the same settings.
+    assert not (workdir / values["results"]).exists()
+    monkeypatch.chdir(workdir)
+    study(workdir, copy.deepcopy(settings)).write_jobs()
     jobs = [read_job(str(path)) for path in (workdir / values["results"]).glob("*/jobs/*.json")]
     assert jobs and all(job.tpu["lock_dir"] == values["lock_dir"] for job in jobs)
     assert all(job.tpu["code_url"] == values.get("code_url", job.tpu["code_url"]) for job in jobs)

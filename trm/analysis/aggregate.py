@@ -186,7 +186,8 @@ def aggregate(
     import pandas as pd
 
     table = pd.DataFrame(rows)
-    # scipy (through judge) is imported here too, and judge imports the plots, which import this module.
+    # Imported here, not at the top: judge brings scipy (seconds to import), which only building a table needs, not
+    # the readers of this module's table helpers.
     from trm.analysis.judge import add_summaries, noise_floors, reference_ids
 
     floors = noise_floors(table, SUMMARY_METRICS, reference_ids(table), run_column="seed")

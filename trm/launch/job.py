@@ -117,7 +117,7 @@ def read_job(path: str) -> Job:
     record = storage.read_json(
         path,
         "job file not found (the workflow writes RESULTS/SCALE/jobs/<hash>.json)",
-        "rerun snakemake (a dry run will do), which writes it again",
+        "rerun snakemake (not a dry run), which writes it again before its first job",
     )
     if not isinstance(record, dict) or sorted(record) != sorted(KEYS):
         found = sorted(record) if isinstance(record, dict) else type(record).__name__

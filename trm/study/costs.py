@@ -22,7 +22,7 @@ import functools
 import glob
 import os
 import shutil
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from trm.config import experiment_path, load_config
 from trm.launch.accelerators import step_figures
@@ -39,10 +39,7 @@ from trm.study.estimate import (
     training_steps,
 )
 from trm.study.measured import Measurements, finished_runs, step_key
-from trm.study.plan import experiment_of
-
-if TYPE_CHECKING:
-    from trm.study.study import Study
+from trm.study.plan import Experiment, experiment_of
 
 # The compiled figures kept in the repository (the plan of a fresh clone, which has compiled nothing, uses them).
 COMPILED_FIGURES = "config/compiled"
@@ -53,11 +50,37 @@ MAX_NAMED = 6  # runs without compiled figures named in the plan's figures line 
 COMPILED, SAME_STEP, MEASURED_RATE, ASSUMED = "compiled", "same step", "measured rate", "assumed"
 
 
+class PlannedStudy(Protocol):
+    """What the costs read of a study (trm/study/study.py's Study, which builds its Costs): its settings, plan and
+    results folder, and each job's shape. Declared here, so that this module does not import the Study."""
+
+    config: dict
+    scale: str
+    backend: str
+    results: str
+    experiments_dir: str
+    compiled_dir: str
+    plan: dict[str, Experiment]
+    floor_only: list[str]
+    references: list[str]
+    selected_groups: list[str]
+    datasets: list[str]
+    test_puzzles: int
+    test_time_steps: list[int]
+    test_time_subset: int | None
+
+    def runs(self) -> list[str]: ...
+    def first_with_same_run(self, exp_id: str) -> str: ...
+    def job_launch(self, exp_id: str | None) -> dict: ...
+    def job_devices(self, exp_id: str | None) -> int: ...
+    def run_url(self, exp_id: str) -> str: ...
+
+
 class Costs:
     """The estimates of a study's runs (`hours[exp_id]`: training, evaluation and, from measurements, start-up
     accelerator-hours; `source[exp_id]`: how; `finished`: the config hashes of the finished runs)."""
 
-    def __init__(self, study: Study) -> None:
+    def __init__(self, study: PlannedStudy) -> None:
         self.study = study
         config = study.config
         self.accelerator = config["accelerator"]
@@ -69,7 +92,8 @@ class Costs:
         self.compiled: dict[str, str] = {}
         # A local study's measured runs (the local backend runs on this machine; TPU jobs do not).
         self.measured = Measurements(study.results) if study.backend == "local" else None
-        cache = CostCache(os.path.join(config["results"], ".cache", "model-costs.json"))
+        # Kept in memory while planning; written by `save_cache` once jobs will run (a dry run writes nothing).
+        cache = self._cache = CostCache(os.path.join(config["results"], ".cache", "model-costs.json"))
         for exp in study.plan.values():
             if exp.replicate and exp.experiment in self.hours:  # the seed changes no cost: its experiment's
                 self.hours[exp.id], self.source[exp.id] = (
@@ -124,10 +148,13 @@ class Costs:
                 for k, v in flops.items()
             }
             self.source[exp.id] = ASSUMED
-        cache.save()
         self.finished = finished_runs(
             study.results, {exp.hash: study.run_url(exp.id) for exp in study.plan.values()}
         )
+
+    def save_cache(self) -> None:
+        """Keep the model costs computed while planning, so that the next plan needs no JAX import."""
+        self._cache.save()
 
     def accelerator_of(self, exp_id: str) -> str:
         """The slice type of the experiment's job (launch.tpu.accelerator_type, or its launch.per_experiment one)."""

@@ -17,8 +17,8 @@ seeds measure the noise floor, and writes its table, verdicts and plots in a fol
 (trm/study/selection.py): `floor_only` names those runs, `analysis` the folder.
 Experiments with the same resolved config (every group's baseline) share one run: the first with that config
 hash trains it, the others only collect it. Each distinct run has one job file, RESULTS/jobs/<hash>.json
-(trm/launch/job.py), written by `write_jobs`; the train rule runs `trm launch --job FILE`, and the aggregate rule
-reads each run's config there (`job_files`).
+(trm/launch/job.py), written by `write_jobs` before the first job (never by a dry run); the train rule runs
+`trm launch --job FILE`, and the aggregate rule reads each run's config there.
 
 Shell commands: settings are shared files (profiles, study files), so none may become shell code. Commands are
 argument lists, never pre-joined text, and every placeholder of a rule's shell command is quoted with `:q`
@@ -27,6 +27,7 @@ argument lists, never pre-joined text, and every placeholder of a rule's shell c
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -292,10 +293,6 @@ class Study:
         """The job file of an experiment's run (shared by the experiments of that run)."""
         return job_path(self.results, self.plan[exp_id].hash)
 
-    def job_files(self) -> list[str]:
-        """The job file of each distinct run: what `write_jobs` writes, and the table reads each run's config from."""
-        return [self.job_file(first) for first in self.runs()]
-
     def job(self, exp_id: str) -> Job:
         """The job that trains an experiment's run, as its run's first experiment launches it."""
         first = self.first_with_same_run(exp_id)
@@ -306,8 +303,12 @@ class Study:
         steps, subset = tuple(self.test_time_steps), self.test_time_subset
         return Job(run, steps, self.backend, hosts, devices, tpu, subset, self.config["launch"]["platform"])
 
+    def job_digest(self, exp_id: str) -> str:
+        """A digest of the job file of an experiment's run: its train job runs again when it changes."""
+        return hashlib.sha256(self.job(exp_id).to_json().encode()).hexdigest()[:16]
+
     def write_jobs(self) -> None:
-        """Each distinct run's job file, rewritten only when its content changes (so no job reruns for nothing)."""
+        """Each distinct run's job file, rewritten only when its content changes (the workflow's onstart)."""
         for first in self.runs():
             self.job(first).write(self.job_file(first))
 

@@ -9,8 +9,6 @@ VERDICTS = os.path.join(ANALYSIS, "verdicts")
 rule aggregate:
     input:
         summaries=[study.run_summary(exp) for exp in PLAN],
-        # Each run's config: read from its job file (a summary holds its hash and results, not its config).
-        jobs=study.job_files(),
         groups="config/groups.yaml",
     output:
         csv=report(
@@ -25,8 +23,9 @@ rule aggregate:
         trm=TRM,
         ids=[exp for exp in PLAN if exp not in study.floor_only],
         floor_only=["--floor-only", *study.floor_only] if study.floor_only else [],
-        # The per-run files' folder (RESULTS), where the summaries and job files are.
-        results=lambda wildcards, input: os.path.dirname(os.path.dirname(input.jobs[0])),
+        # The per-run files' folder, where the summaries and job files are: each run's config is read from its job
+        # file (a summary holds its hash and results, not its config), written at onstart.
+        results=lambda wildcards: RESULTS,
         table=lambda wildcards, output: output.csv.removesuffix(".csv"),
         accelerator=[
             *("--peak-flops", config["accelerator"]["peak_flops"]),

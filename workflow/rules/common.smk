@@ -1,6 +1,6 @@
 # Parse time: build the study (trm/study/study.py: settings checked, experiments planned, costs estimated) from
-# the settings, print its planned cost and what its seeds can decide, write each run's job file; the rules look
-# everything up in it.
+# the settings and print its planned cost and what its seeds can decide; the rules look everything up in it. Parsing
+# writes nothing: the job files and the model-cost cache are written at onstart (Snakefile), never by a dry run.
 import os
 import sys
 
@@ -28,7 +28,6 @@ try:
         print(power, file=sys.stderr)
     if study.placeholder_storage:  # a dry run reaches no storage; a real run refuses before its first job
         print(f"warning: {study.placeholder_storage} (needed before a real run)", file=sys.stderr)
-    study.write_jobs()
     # A damaged run summary looks done to Snakemake: removed, its run is summarised again (never retrained).
     for line in repair_summaries([study.run_summary(exp) for exp in study.plan], workflow.dryrun):
         print(f"note: {line}", file=sys.stderr)

@@ -10,12 +10,14 @@
 rule train:
     input:
         staged=lambda wildcards: study.stage_receipt(PLAN[wildcards.exp].dataset),
-        job=lambda wildcards: study.job_file(wildcards.exp),
         same_run=lambda wildcards: study.trained_first(wildcards.exp),
     output:
         summary=study.run_summary("{exp}"),
     params:
         trm=TRM,
+        # The job file is written at onstart (never by a dry run); a digest of its content reruns this job when it
+        # changes (launch settings, storage): a finished run is only summarised again.
+        job=lambda wildcards: study.job_digest(wildcards.exp),
         command=lambda wildcards: study.train_command(wildcards.exp),
         run_dir=lambda wildcards: study.run_url(wildcards.exp),
         steps=TEST_TIME_STEPS,
