@@ -26,10 +26,9 @@ import yaml
 from snakemake.cli import get_argument_parser, parse_config
 
 from trm.cli import COMMANDS, _build_parser
-from trm.config import load_config
+from trm.config import load_config, merged
 from trm.study.plan import plan_study
 from trm.study.settings import check_settings, load_schema
-from trm.study.status import merged_settings
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
@@ -130,8 +129,8 @@ def check_snakemake(argv: list[str]) -> None:
     assert set(args.targets) <= RULES, f"unknown target(s) {set(args.targets) - RULES}"
 
     for file in files:
-        settings = merged_settings(settings, yaml.safe_load(file.read_text()))
-    settings = merged_settings(settings, parse_config(args.config or []))
+        settings = merged(settings, yaml.safe_load(file.read_text()))
+    settings = merged(settings, parse_config(args.config or []))
     schema = load_schema(str(REPO / "workflow/schemas/config.schema.yaml"))
     check_settings(settings, schema, lambda key: "the command")
     assert plan_study(settings["scale"], settings["experiments"], settings["groups"])

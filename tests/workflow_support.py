@@ -16,11 +16,10 @@ import yaml
 
 from trm.analysis.aggregate import RUN_TABLE_COLUMNS
 from trm.analysis.judge import is_fraction
-from trm.config import EXPERIMENTS_DIR
+from trm.config import EXPERIMENTS_DIR, merged
 from trm.errors import UserError
 from trm.study.groups import GROUPS_PATH
 from trm.study.metrics import RUN_METRICS, SUMMARY_METRICS, TEST_TIME_METRICS
-from trm.study.status import merged_settings
 from trm.study.study import Study
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,10 +49,8 @@ def study(
     not the repository's)."""
     changes = copy.deepcopy(changes or {})
     # A deep copy of the result: the Study checks and converts its settings in place.
-    settings = merged_settings(
-        DEFAULTS, {"results": str(tmp_path / "results"), "storage": str(tmp_path / "storage")}
-    )
-    settings = copy.deepcopy(merged_settings(merged_settings(settings, profile or {}), changes))
+    settings = merged(DEFAULTS, {"results": str(tmp_path / "results"), "storage": str(tmp_path / "storage")})
+    settings = copy.deepcopy(merged(merged(settings, profile or {}), changes))
     on_command_line, in_profile = _set_keys(changes), _set_keys(profile or {})
 
     def source_of(dotted: str) -> str:

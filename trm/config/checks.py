@@ -13,10 +13,18 @@ from trm.config.schema import text
 
 
 def config_value(config: dict, dotted: str) -> Any:
-    """The value of a dotted key, e.g. config_value(config, "arch.hidden_size")."""
+    """The value of a dotted key, e.g. config_value(config, "arch.hidden_size"): the one lookup of a dotted key in
+    run configs and workflow settings (KeyError or TypeError where a part is missing)."""
     for key in dotted.split("."):
         config = config[key]
     return config
+
+
+def set_config_value(config: dict, dotted: str, value: Any) -> None:
+    """Set the existing dotted key of `config` in place."""
+    *path, leaf = dotted.split(".")
+    section = config_value(config, ".".join(path)) if path else config
+    section[leaf] = value
 
 
 def batch_split_problem(train: dict, devices: int) -> str | None:

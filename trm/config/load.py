@@ -122,6 +122,14 @@ def _merge(into: dict, overrides: dict, source: str, origin: dict[str, str]) -> 
     merge(into, overrides, "")
 
 
+def merged(into: dict, over: dict) -> dict:
+    """`over` merged into a copy of `into`, mappings key by key (as Snakemake merges its config files): the one
+    deep merge of settings, for run configs (`_merge`, which also records origins) and workflow settings."""
+    result = copy.deepcopy(into)
+    _merge(result, over, "", {})
+    return result
+
+
 def parse_set(item: str) -> dict:
     """Parse one `key.path=value` override into a nested mapping; the value is a YAML scalar or list."""
     key, sep, text = item.partition("=")

@@ -30,6 +30,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from trm.config import config_value, set_config_value
 from trm.errors import UserError
 
 SUDOKU_EXTREME_TEST_PUZZLES = 423_168  # the paper scale's test split
@@ -148,9 +149,5 @@ def at_scale(config: dict, scale: str) -> dict:
     """A copy of an experiment's resolved paper config with the rules of `scale` applied (not validated)."""
     scaled = copy.deepcopy(config)
     for key, rule in scale_of(scale).rules.items():
-        *path, leaf = key.split(".")
-        section = scaled
-        for part in path:
-            section = section[part]
-        section[leaf] = _apply(rule, section[leaf])
+        set_config_value(scaled, key, _apply(rule, config_value(scaled, key)))
     return scaled

@@ -16,6 +16,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from trm.config import config_value
 from trm.config.schema import Validator, text
 from trm.errors import UserError
 
@@ -139,13 +140,12 @@ def _check_keys(settings: dict, schema: dict, where: str, source_of: SourceOf) -
 def setting_source(dotted: str, command_line: dict, config_files: list[str], default: str) -> str:
     """Where the workflow setting `dotted` gets its value: `--config` (`command_line`), the last of
     `config_files` (`--configfile`, e.g. a profile's study file) that sets it, or the `default` file."""
-    keys = dotted.split(".")
 
     def holds(tree: Any) -> bool:
-        for key in keys:
-            if not isinstance(tree, dict) or key not in tree:
-                return False
-            tree = tree[key]
+        try:
+            config_value(tree, dotted)
+        except (KeyError, TypeError):
+            return False
         return True
 
     if holds(command_line):

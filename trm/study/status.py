@@ -40,7 +40,7 @@ from pathlib import Path
 import yaml
 
 from trm import storage
-from trm.config import CONFIG_DIR, experiment_path
+from trm.config import CONFIG_DIR, experiment_path, merged
 from trm.errors import UserError, number
 from trm.run import layout
 from trm.run.state import RunState, read_run
@@ -234,15 +234,6 @@ def _read_settings(path: Path) -> dict:
     return settings
 
 
-def merged_settings(into: dict, over: dict) -> dict:
-    """`over` merged into a copy of `into`, mappings key by key (as Snakemake merges its config files)."""
-    merged = dict(into)
-    for key, value in over.items():
-        both = isinstance(value, dict) and isinstance(into.get(key), dict)
-        merged[key] = merged_settings(into[key], value) if both else value
-    return merged
-
-
 def study_settings(profile: str | None) -> dict:
     """The workflow's settings: config/config.yaml, then the study file(s) of `profile` (its `configfile`)."""
     path = Path("config/config.yaml")
@@ -258,7 +249,7 @@ def study_settings(profile: str | None) -> dict:
         )
     files = _read_settings(folder / "config.yaml").get("configfile") or []
     for name in [files] if isinstance(files, str) else files:
-        settings = merged_settings(settings, _read_settings(folder / name))
+        settings = merged(settings, _read_settings(folder / name))
     return settings
 
 

@@ -33,7 +33,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Collection
 
-from trm.config import experiment_ids
+from trm.config import config_value, experiment_ids
 from trm.errors import UserError
 from trm.launch import slice_ledger, tpu_options
 from trm.launch.job import Job, job_path
@@ -85,12 +85,6 @@ def _check_gcs(url: str, key: str) -> None:
     """The tpu-vm backend's storage: the hosts share no files, so only gs:// (an empty code_url: STORAGE/code)."""
     if url and check_url(url, key).partition("://")[0] not in GCS_SCHEMES:
         raise UserError(f"{key} {url!r}: the tpu-vm backend needs a gs:// URL (TPU hosts share no files)")
-
-
-def _get(settings: dict, dotted: str):
-    for part in dotted.split("."):
-        settings = settings[part]
-    return settings
 
 
 class Study:
@@ -182,7 +176,7 @@ class Study:
         if self.backend == "tpu-vm":
             checks += [("storage", _check_gcs), ("launch.tpu.code_url", _check_gcs)]
         for key, check in checks:
-            self._with_source(key, check, _get(self.config, key), key)
+            self._with_source(key, check, config_value(self.config, key), key)
 
     def _check_launch(self, experiments_dir: str) -> None:
         """Every launch.per_experiment entry names an experiment and has valid TPU settings, and every job's
