@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 from fake_tpu import gcloud_calls, tpu_test_profile, wait_until_exited
-from workflow_support import copy_workflow, estimates
+from workflow_support import TPU_PROFILE, copy_workflow, estimates, study
 
 from trm import storage
-from trm.launch.job import read_job
 from trm.run import layout
 from trm.study.plan import run_dir_of
 
@@ -31,7 +30,7 @@ SLICES = ("trm-profile-a", "trm-profile-b")
 
 def test_profile_dry_run_needs_no_gcloud_and_shows_tpu_hours(tmp_path):
     env = {**os.environ, "PATH": str(Path(sys.executable).parent), "HOME": str(tmp_path)}
-    # In a copy: even a dry run writes its job files (results/paper/jobs/) and Snakemake's .snakemake/.
+    # In a copy: even a dry run writes Snakemake's .snakemake/ (its job files are written before a real run's first job).
     root = copy_workflow(tmp_path / "study")
     # The profile's storage is a placeholder (docs/tpu.md, set-up step 5): set, as a real run needs it.
     settings = ["groups=[exp06]", "storage=gs://my-trm-bucket/trm-study"]
@@ -69,7 +68,13 @@ def test_profile_dry_run_needs_no_gcloud_and_shows_tpu_hours(tmp_path):
     files = {
         line.split(" launch --job ")[1].split()[0] for line in output.splitlines() if " launch --job " in line
     }
-    jobs = [read_job(str(root / path)) for path in sorted(files)]
+    # The jobs those files hold, as a real run writes them before its first job (a dry run writes none).
+    planned = study(
+        tmp_path / "plan", {"groups": ["exp06"], "storage": settings[1].split("=")[1]}, profile=TPU_PROFILE
+    )
+    assert not any((root / path).exists() for path in files)
+    assert {Path(path).name for path in files} == {Path(planned.job_file(exp)).name for exp in planned.runs()}
+    jobs = [planned.job(exp) for exp in planned.runs()]
     shapes = collections.Counter((job.backend, job.hosts, job.devices_per_host) for job in jobs)
     assert shapes == {("tpu-vm", 8, 4): 6 + 2, ("tpu-vm", 1, 4): 1}  # ref_paper on its own v4-8
     # The evaluation runs on the slice, in the training job; the controller only collects its results.
