@@ -81,6 +81,7 @@ def test_first_step_loads_the_whole_batch():
     assert out.logits.shape == (BATCH, 9, 11) and out.q_halt_logits.shape == (BATCH,)
 
 
+@pytest.mark.slow
 def test_halted_rows_reset_and_take_new_data_running_rows_keep_theirs():
     model = tiny_model()
     step = jitted_step(model, training=False)

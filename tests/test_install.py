@@ -77,6 +77,7 @@ def test_make_picks_a_supported_interpreter_by_itself(checkout: Path):
     assert version.stdout.strip() in ("(3, 11)", "(3, 12)", "(3, 13)"), (chosen, version)
 
 
+@pytest.mark.slow
 def test_train_with_wandb_but_without_the_package_names_the_extra_before_any_work(tmp_path: Path):
     assert subprocess.run([sys.executable, "-c", "import wandb"], capture_output=True).returncode != 0
     trm = str(Path(sys.executable).with_name("trm"))

@@ -104,6 +104,7 @@ def test_loss_is_mean_ce_per_row_summed_plus_half_bce_over_global_batch(loss):
     assert float(sum(halves)) == pytest.approx(float(total), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_metrics_count_only_halted_rows_with_labels():
     rng = np.random.default_rng(1)
     labels = rng.integers(2, VOCAB, (5, LENGTH)).astype(np.int32)
@@ -131,6 +132,7 @@ def test_metrics_count_only_halted_rows_with_labels():
     assert np.isfinite(float(metrics["lm_loss"]))
 
 
+@pytest.mark.slow
 def test_padding_rows_add_nothing_to_the_losses():
     """Evaluation pads the last batch with label-less rows; they must not change any loss or metric sum."""
     logits, labels = random_case(batch=3, seed=5)
@@ -143,6 +145,7 @@ def test_padding_rows_add_nothing_to_the_losses():
         np.testing.assert_allclose(float(full[key]), float(real[key]), rtol=1e-6, err_msg=key)
 
 
+@pytest.mark.slow
 def test_stablemax_gradient_is_finite_where_the_unused_branch_has_a_pole():
     """bfloat16 logits hit x = 1 exactly, the pole of the negative branch 1 / (1 - x)."""
     import jax

@@ -175,6 +175,7 @@ def test_mlp_t_contraction_of_the_tpu_equals_the_flattened_matmul_of_other_platf
         np.testing.assert_allclose(np.asarray(y, np.float64), expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_mlp_t_normalises_over_the_sequence_axis():
     # Zero channel MLP leaves out = rms_channels(rms_sequence(h + mix)); the sequence norm gives every
     # channel unit RMS across positions before the channel norm, which a channel-only norm would not.
@@ -265,6 +266,7 @@ def test_init_distributions_and_state_kinds():
         {"mlp_t": False, "pos_encodings": "learned", "L_layers": 3, "expansion": 2},
     ],
 )
+@pytest.mark.slow
 def test_param_count_of_built_model_matches_analytic(variant):
     cfg = tiny(**variant)
     assert num_params(TRM(cfg, rngs=nnx.Rngs(0))) == count_params(cfg)

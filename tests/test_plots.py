@@ -65,6 +65,7 @@ def tables(group: dict, exact: float) -> tuple[pd.DataFrame, pd.DataFrame, pd.Da
     return runs, curves, test_time
 
 
+@pytest.mark.slow
 def test_a_group_never_exactly_right_is_plotted_in_cell_accuracy_and_says_so(tmp_path: Path):
     group = next(g for g in load_groups() if g["id"] == "exp09")  # a curve panel and the test-time panel
     for exact, fallback in ((0.0, True), (0.25, False)):

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from workflow_support import REPO, copy_workflow, finished_runs, refused, study
 
 from trm.analysis.uncertainty import FLOOR_AND_SAMPLING, SEEDS
@@ -109,6 +110,7 @@ def test_the_table_groups_replicates_under_their_experiment_and_measures_the_flo
     assert table.loc["exp01a", "test_exact_accuracy_interval"] == FLOOR_AND_SAMPLING
 
 
+@pytest.mark.workflow  # runs Snakemake
 def test_a_dry_run_shows_the_replicate_jobs(tmp_path):
     workdir = copy_workflow(tmp_path / "workflow")
     command = [SNAKEMAKE, "-n", "--config", "groups=[exp01]", "results=out"]

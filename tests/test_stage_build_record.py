@@ -118,6 +118,7 @@ def test_intact_dataset_stages_with_its_build_record(dataset: Path, dest: str, t
     assert cli.main(["dataset-info", str(copy)]) == 0, "a host's copy checks against the same record"
 
 
+@pytest.mark.slow
 def test_refused_restage_leaves_the_staged_dataset_as_it_was(dataset: Path, dest: str):
     stage_dataset(dataset, dest)
     staged = {rel: storage.read_bytes(storage.join(dest, rel)) for rel in storage.list_files(dest)}
@@ -164,6 +165,7 @@ def test_file_changed_during_upload_is_refused_before_the_manifest(
     assert trm("verify", dest).returncode == 0
 
 
+@pytest.mark.slow
 def test_folder_without_build_record_needs_accept_unrecorded(dataset: Path, dest: str):
     (dataset / MANIFEST_NAME).unlink()  # as an older trm, the original builder or a hand-made folder
     done = trm("stage", str(dataset), dest)

@@ -112,6 +112,7 @@ def test_refuses_state_dicts_that_do_not_fit(change, message):
     assert str(err.value).startswith("bad.pt: ") and message in str(err.value)
 
 
+@pytest.mark.slow
 def test_attention_file_with_an_mlp_t_config_is_refused_naming_the_key():
     attention = _config(**{"arch.mlp_t": "false", "arch.pos_encodings": "rope"})
     model = ModelTemplate(_model_cfg(attention), seed=0)
@@ -131,6 +132,7 @@ def _logits(model: ModelTemplate, params, puzzle_emb, buffers) -> np.ndarray:
     return np.asarray(jnp.concatenate([logits.reshape(2, -1), q], axis=1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", [{}, {"arch.mlp_t": "false", "arch.pos_encodings": "rope"}])
 def test_round_trip_in_memory_gives_identical_params_and_logits(arch):
     config = _config(**arch)
@@ -150,6 +152,7 @@ def test_round_trip_in_memory_gives_identical_params_and_logits(arch):
     )
 
 
+@pytest.mark.slow
 def test_export_then_import_through_the_cli(tmp_path):
     import torch  # the dev extra installs it; a skip would fail the session anyway (tests/conftest.py)
 
@@ -193,6 +196,7 @@ def _float32_start_states(rng: np.random.Generator, hidden: int) -> dict[str, np
     return start
 
 
+@pytest.mark.slow
 def test_float32_start_states_of_an_original_float32_run_keep_their_values(tmp_path):
     """The original keeps H_init/L_init in its forward dtype; import must not round a float32 run's to bfloat16."""
     import torch  # the dev extra installs it; a skip would fail the session anyway (tests/conftest.py)

@@ -194,6 +194,7 @@ def test_a_full_disk_during_an_atomic_write_keeps_the_old_file(tmp_path: Path):
     assert destination.read_text().startswith("{")
 
 
+@pytest.mark.slow
 def test_build_dataset_into_a_read_only_or_full_place_fails_in_one_line(tmp_path: Path):
     build = ["build-dataset", "--source", "generate:8", "--num-aug", "2", "--output-dir"]
     folder = tmp_path / "datasets"
