@@ -5,6 +5,10 @@ aiohttp errors; offline or without credentials a command hung for a minute and p
 request has a connect and read timeout, a request that cannot reach GCS is retried for a few seconds, one that
 GCS asks us to retry (5xx, 429, a dropped connection) for about 15 s, and then the failure is a
 `StorageUnavailable` error: one line with the URL, the cause and what to do.
+
+Every GCS read and write goes through here but one: the run lease (trm/run/lease.py) renews and takes over
+RUN_DIR/lease.json with writes conditioned on the object's generation, which gcsfs does not expose (only its
+create-if-absent case), so that module uses google-cloud-storage for them, with the same credentials.
 """
 
 from __future__ import annotations

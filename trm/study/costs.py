@@ -169,7 +169,7 @@ class Costs:
         return os.path.join(self.study.compiled_dir, self.accelerator_of(exp_id))
 
     @functools.cached_property
-    def compile_steps(self) -> dict[str, str]:
+    def compile_targets(self) -> dict[str, str]:
         """Compile result file -> the first selected experiment with that accelerator and paper-scale step (read
         only when compiling)."""
         steps = {}
@@ -180,7 +180,7 @@ class Costs:
 
     def commit_figures(self, paths: list[str]) -> list[str]:
         """The compiled_figures target: the repository's compiled figures replaced by `paths` (this machine's
-        compiles of the selected experiments' steps, `compile_steps`), each into its accelerator's folder; the
+        compiles of the selected experiments' steps, `compile_targets`), each into its accelerator's folder; the
         files written."""
         for stale in glob.glob(os.path.join(self.study.compiled_dir, "*", "*.json")):
             os.remove(stale)

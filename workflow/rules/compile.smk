@@ -2,12 +2,12 @@
 # type (launch.tpu.accelerator_type, or its launch.per_experiment one) on this machine (trm compile-check; libtpu,
 # no TPU). Experiments whose steps are the same program (same architecture, batch, micro-batches, remat, optimizer;
 # trm/launch/accelerators.py step_config) share one compile, kept as RESULTS/compile/<accelerator>/<step hash>.json
-# (compile_dir and compile_steps in trm/study/costs.py); the dry run's chip-hours then use the compiled steps' roofline
+# (compile_dir and compile_targets in trm/study/costs.py); the dry run's chip-hours then use the compiled steps' roofline
 # times. A step that does not fit a chip's HBM fails its job, naming what to change.
 #   snakemake --profile tpu-v4-64 compile_check   (or without a profile: the same paper-scale steps)
 rule compile_check:
     input:
-        lambda wildcards: list(study.costs.compile_steps),
+        lambda wildcards: list(study.costs.compile_targets),
 
 
 rule compile_step:
@@ -17,7 +17,7 @@ rule compile_step:
         step="[0-9a-f]{12}",
     params:
         trm=TRM,
-        exp=lambda wildcards, output: study.costs.compile_steps[output[0]],
+        exp=lambda wildcards, output: study.costs.compile_targets[output[0]],
         folder=lambda wildcards, output: os.path.dirname(output[0]),
     message:
         "compile-check {params.exp} for a {wildcards.accelerator} (minutes at paper scale)"
@@ -38,7 +38,7 @@ rule compile_step:
 #   snakemake --profile tpu-v4-64 --resources mem_mb=16000 compiled_figures
 rule compiled_figures:
     input:
-        lambda wildcards: list(study.costs.compile_steps),
+        lambda wildcards: list(study.costs.compile_targets),
     log:
         os.path.join(config["results"], "compile", "compiled_figures.log"),
     run:
