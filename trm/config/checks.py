@@ -27,6 +27,21 @@ def set_config_value(config: dict, dotted: str, value: Any) -> None:
     section[leaf] = value
 
 
+def steps_per_interval(puzzles: int, eval_interval: int, batch: int) -> int:
+    """Optimizer steps of one evaluation interval: the whole batches of `eval_interval` epochs over `puzzles`
+    training puzzles (an epoch draws one augmentation of each puzzle)."""
+    return (puzzles * eval_interval) // batch
+
+
+def training_steps(config: dict, puzzles: int | None = None) -> int:
+    """Optimizer steps of a run, the one count the trainer, the plan and the costs use: whole evaluation intervals.
+    `puzzles`: the train split's puzzle count (default data.train_puzzles, which a run's dataset must match)."""
+    train = config["train"]
+    puzzles = config["data"]["train_puzzles"] if puzzles is None else puzzles
+    per_interval = steps_per_interval(puzzles, train["eval_interval"], train["global_batch_size"])
+    return (train["epochs"] // train["eval_interval"]) * per_interval
+
+
 def batch_split_problem(train: dict, devices: int) -> str | None:
     """Why `devices` cannot train the config's batch, or None when they can: every device must get the same whole
     number of rows of every micro-batch."""

@@ -25,14 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trm import storage
-from trm.config import evaluation_batch
-
-
-def training_steps(config: dict) -> int:
-    """Optimizer steps of a run, as the trainer counts them (whole batches per evaluation interval)."""
-    train = config["train"]
-    per_interval = (config["data"]["train_puzzles"] * train["eval_interval"]) // train["global_batch_size"]
-    return (train["epochs"] // train["eval_interval"]) * per_interval
+from trm.config import evaluation_batch, training_steps
 
 
 def model_costs(config: dict) -> dict:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trm.config import steps_per_interval
 from trm.data.format import SplitData
 from trm.errors import UserError
 
@@ -77,7 +78,7 @@ class TrainBatches:
         self.seed = seed
         self.rows = _host_rows(global_batch_size, process_index, process_count)
         self.num_groups = len(split.group_indices) - 1
-        self.batches_per_iter = (self.num_groups * eval_interval_epochs) // global_batch_size
+        self.batches_per_iter = steps_per_interval(self.num_groups, eval_interval_epochs, global_batch_size)
         if self.batches_per_iter == 0:
             raise UserError(
                 f"train.global_batch_size={global_batch_size} exceeds the {self.num_groups * eval_interval_epochs} "

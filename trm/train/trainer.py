@@ -10,8 +10,8 @@ import time
 
 import jax
 
+from trm import config as run_config
 from trm import storage
-from trm.config import config_hash as hash_of_config
 from trm.errors import UserError
 from trm.model.config import ModelConfig
 from trm.run import distributed, layout
@@ -46,7 +46,7 @@ class Trainer:
     ) -> None:
         self.timings = timings or Timings()
         self.config = config
-        self.config_hash = config_hash or hash_of_config(config)  # a job's, from --config-hash
+        self.config_hash = config_hash or run_config.config_hash(config)  # a job's, from --config-hash
         self.data_url = data_url
         self.test_time_steps = test_time_steps
         self.test_time_subset = test_time_subset
@@ -82,7 +82,7 @@ class Trainer:
             self.process_index,
             self.process_count,
         )
-        self.total_steps = (tc["epochs"] // tc["eval_interval"]) * self.batches.batches_per_iter
+        self.total_steps = run_config.training_steps(config, self.batches.num_groups)
         self.model = ModelTemplate(self.model_cfg, seed=tc["seed"])
         self.train_step = TrainStep(self.model, config, self.total_steps, self.mesh)
         self.evaluator = Evaluator(self.model, (tc["eval_steps"],), self.mesh)
