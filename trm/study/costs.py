@@ -142,7 +142,7 @@ class Costs:
                     exp.config, self.test_puzzles, study.test_time_steps, devices, study.test_time_subset
                 ),
             }
-            floor = self.accelerator["step_floor_s"]
+            floor = self.accelerator.get("step_floor_s")
             self.hours[exp.id] = {
                 k: accelerator_hours(v, peak, utilization, steps[k] * devices, floor)
                 for k, v in flops.items()
@@ -206,7 +206,7 @@ class Costs:
         return self.study.backend == "tpu-vm" and self.study.scale == "paper"
 
     def _assumed(self) -> str:
-        floor = self.accelerator["step_floor_s"]
+        floor = self.accelerator.get("step_floor_s")
         at_least = f", at least {floor * 1000:.3g} ms a step (accelerator.step_floor_s)" if floor else ""
         return f"an assumed {self.accelerator['utilization']:.0%} of peak{at_least}"
 

@@ -10,7 +10,7 @@ depths, halting, dtype, optimizer, schedules' switches) keep their experiment's 
 - `smoke` (`make run`, the workflow's default): 4x4 puzzles, width 32, a few hundred optimizer steps: the whole
   study in minutes on a laptop's CPU, with a baseline that solves puzzles. Short of convergence, so its verdicts
   say so.
-- `mini`: 6x6 puzzles, width 64, trained past its baseline's learning transition: its 56 runs took 7.5 minutes
+- `mini`: 6x6 puzzles, width 64, trained past its baseline's learning transition: its 56 runs took 7.4 minutes
   on one H200, 12 at a time (CPU hours per run). Its baseline solves 99.6% of held-out puzzles, so it has headroom
   below only, and its note says what that leaves a verdict to say.
 
