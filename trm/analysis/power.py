@@ -38,7 +38,6 @@ from trm.analysis.judge import (
     compare,
     is_fraction,
     needed_members,
-    noise_floors,
     reference_ids,
     samples_by_configuration,
     sampling_puzzles,
@@ -51,6 +50,7 @@ from trm.analysis.uncertainty import (
     Summary,
     achieved_power,
     difference,
+    noise_floor,
     summarize,
 )
 from trm.errors import UserError
@@ -121,9 +121,11 @@ def seed_spread(results_root: str, metric: str) -> Spread | None:
             table = read_table(path, RUN_TABLE_COLUMNS)
         except UserError:  # damaged or foreign: an older table may still measure it
             continue
-        if metric not in table or not (floor := noise_floors(table, [metric], reference_ids(table))[metric]):
+        if metric not in table:
             continue
         samples = samples_by_configuration(table, metric, reference_ids(table))
+        if not (floor := noise_floor(samples)):  # as judge.noise_floors pools it
+            continue
         mean = sum(v for runs in samples.values() for v in runs) / sum(len(runs) for runs in samples.values())
         if min(mean, 1 - mean) < SQUEEZED:
             squeezed = f"; the mini scale's reference runs in {path} sit at {mean:.1%}, where their spread is squeezed"

@@ -48,23 +48,31 @@ def training_flops(config: dict, costs: dict) -> float:
     )
 
 
-def _evaluation_puzzles(
+def _evaluation_batches(
     config: dict,
     test_puzzles: int,
     test_time_steps: Sequence[int],
+    devices: int,
     test_time_subset: int | None,
 ) -> dict[str, tuple]:
-    """Each of the trainer's evaluations of a run as (evaluations, puzzles, supervision steps)."""
+    """Each of the trainer's evaluations of a run as (evaluations, batches, rows per batch, supervision steps).
+    Every row of a batch is computed; fewer puzzles than one batch run in one batch just large enough for them on
+    `devices` (trm/train/evaluator.py)."""
     train = config["train"]
     subset = test_puzzles if train["eval_subset"] is None else min(train["eval_subset"], test_puzzles)
     longest = max((train["eval_steps"], *test_time_steps))
     # As the trainer decides (trm/train/test_time.py, curve_rows): a subset smaller than the split, if any curve.
     on_subset = bool(test_time_steps) and test_time_subset is not None and test_time_subset < test_puzzles
-    return {
+    passes = {
         "intermediate": (train["epochs"] // train["eval_interval"] - 1, subset, train["eval_steps"]),
         "final": (1, test_puzzles, train["eval_steps"] if on_subset else longest),
         "test_time": (1, test_time_subset, longest) if on_subset else (0, 0, 0),
     }
+    batched = {}
+    for name, (count, puzzles, steps) in passes.items():
+        rows = evaluation_batch(train["global_batch_size"], puzzles, devices) if puzzles else 0
+        batched[name] = (count, math.ceil(puzzles / rows) if rows else 0, rows, steps)
+    return batched
 
 
 def evaluation_passes(
@@ -77,14 +85,9 @@ def evaluation_passes(
     """The trainer's evaluations of a run, each as (evaluations, rows, supervision steps): "intermediate" (on
     `eval_subset` puzzles), "final" (the whole test split) and "test_time" (the test-time curve on
     `test_time_subset` puzzles, trm/train/test_time.py: 0 evaluations when the final pass scores the curve, to the
-    largest count, on the whole split). Rows are whole batches, and fewer puzzles than one batch run in one batch
-    just large enough for them on `devices` (trm/train/evaluator.py)."""
-    batch = config["train"]["global_batch_size"]
-    passes = _evaluation_puzzles(config, test_puzzles, test_time_steps, test_time_subset)
-    return {
-        name: (count, math.ceil(n / (b := evaluation_batch(batch, n, devices))) * b if n else 0, steps)
-        for name, (count, n, steps) in passes.items()
-    }
+    largest count, on the whole split). Rows are whole batches (`_evaluation_batches`)."""
+    passes = _evaluation_batches(config, test_puzzles, test_time_steps, devices, test_time_subset)
+    return {name: (count, batches * rows, steps) for name, (count, batches, rows, steps) in passes.items()}
 
 
 def evaluation_batch_steps(
@@ -95,13 +98,8 @@ def evaluation_batch_steps(
     test_time_subset: int | None = None,
 ) -> int:
     """Supervision steps of whole evaluation batches over a run's evaluations: what a per-step floor prices."""
-    batch = config["train"]["global_batch_size"]
-    passes = _evaluation_puzzles(config, test_puzzles, test_time_steps, test_time_subset).values()
-    return sum(
-        count * math.ceil(n / evaluation_batch(batch, n, devices)) * steps
-        for count, n, steps in passes
-        if count
-    )
+    passes = _evaluation_batches(config, test_puzzles, test_time_steps, devices, test_time_subset).values()
+    return sum(count * batches * steps for count, batches, _, steps in passes)
 
 
 def describe_evaluation(passes: dict[str, tuple], test_time_steps: Sequence[int]) -> str:
