@@ -2,7 +2,7 @@
 
 For each scale whose results folder holds a whole study's table (RESULTS/<scale>/table.csv, verdicts/):
 - the baseline's test exact and cell accuracy: each seed's, then their mean and 95% interval over seeds (the
-  table's own figures for the reference configuration, the one the group baselines share);
+  table's own figures for the floor configuration, the one the group baselines share);
 - the copy-the-givens floor: the cell accuracy of answering every test puzzle with its givens (its exact accuracy
   is 0), over the test split of the scale's datasets;
 - the criteria the verdicts decided (supported or not), by the metric each was judged on: exact accuracy, cell
@@ -42,7 +42,7 @@ def copy_floor(results: Path) -> float | None:
 
 
 def baseline(table: pd.DataFrame) -> pd.DataFrame:
-    """One row per seed of the reference configuration (the group baselines share its runs): the baseline rows'
+    """One row per seed of the floor configuration (the group baselines share its runs): the baseline rows'
     most-seeded config_key, one row per run dir (config_hash)."""
     rows = table[table["baseline"].astype(bool)].drop_duplicates("config_hash")
     key = rows["config_key"].value_counts().idxmax()

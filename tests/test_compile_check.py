@@ -153,7 +153,7 @@ def test_the_plan_reads_this_machines_figures_then_the_committed_ones_and_never_
         assert costs.hours[exp_id] == hours
     assert f"at its compiled steps' roofline times ({theirs}), a best case" in costs.message("exp06_b")
     assert all("at an assumed 40% of peak" in costs.message(e) for e in ("exp06_c", "exp06_d"))
-    (figures,) = [line for line in costs.summary().splitlines() if line.startswith("  figures:")]
+    (figures,) = [line for line in costs.plan_text().splitlines() if line.startswith("  figures:")]
     assert figures.startswith(
         f"  figures:    compiled steps of 1 run from {committed}/, 1 run from {local}/; assumed for exp06_c, "
         f"exp06_d: no figures of their step, for this code and config, in {tmp_path / 'results/compile'}/ or "

@@ -24,8 +24,8 @@ from trm.config import (
     validate_config,
 )
 from trm.errors import UserError
+from trm.study.config_docs import CONFIG_DOCS_PATH, config_docs_markdown
 from trm.study.groups import config_keys
-from trm.study.reference import REFERENCE_PATH, reference_markdown
 
 
 def write(tmp_path: Path, text: str, name: str = "exp.yaml") -> Path:
@@ -341,9 +341,9 @@ def test_experiment_path_checks_id_and_existence():
 
 
 def test_configuration_reference_matches_the_generated_reference():
-    readme = REFERENCE_PATH.read_text()
-    assert readme == reference_markdown(), (
-        "docs/configuration.md is stale: run .venv/bin/python -m trm.study.reference"
+    readme = CONFIG_DOCS_PATH.read_text()
+    assert readme == config_docs_markdown(), (
+        "docs/configuration.md is stale: run .venv/bin/python -m trm.study.config_docs"
     )
     for key in config_keys():
         assert f"`{key}`" in readme

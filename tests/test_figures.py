@@ -4,7 +4,7 @@ and tables, so that cases nobody listed are caught too:
 - the summary's train-side figures are those of the rows (training examples that halted) its train records
   counted: records weigh by their counts, and a record that counted none adds nothing, whether the trainer wrote
   its means as null (this one) or as 0 (earlier ones);
-- a criterion never compares a member with itself: a member of its own reference is judged against the best of
+- a criterion never compares a member with itself: a member of its own `against` list is judged against the best of
   the others;
 - a member whose runs are its reference's own (the same trained weights and the same value) is judged "no effect
   at this scale", never as a measured difference; any other pair is measured as usual.
@@ -131,7 +131,7 @@ def _random_study(rng: np.random.Generator, groups: list[dict]) -> tuple[pd.Data
 def test_no_criterion_compares_a_member_with_itself_and_same_runs_are_no_effect():
     rng = np.random.default_rng(2037)
     groups = load_groups()
-    checked = {"no effect": 0, "measured": 0, "own reference": 0}
+    checked = {"no effect": 0, "measured": 0, "own against": 0}
     for _ in range(5):
         table, digests = _random_study(rng, groups)
         for group, judged in zip(groups, judge_groups(groups, table, "paper", 24)["groups"], strict=True):
@@ -148,11 +148,11 @@ def test_no_criterion_compares_a_member_with_itself_and_same_runs_are_no_effect(
                     else:
                         assert c["verdict"] != NO_EFFECT and c["difference"] is not None, (group["id"], c)
                         checked["measured"] += 1
-                    if c["a"] in criterion.get("reference", []):  # the best of the others
-                        others = [m for m in criterion["reference"] if m != c["a"]]
-                        means = {m: result["summaries"][m]["mean"] for m in others}
+                    if c["a"] in criterion.get("against", []):  # the best of the others
+                        others = [m for m in criterion["against"] if m != c["a"]]
+                        means = {m: result["estimates"][m]["mean"] for m in others}
                         assert c["b"] == max(others, key=means.get)
-                        checked["own reference"] += 1
+                        checked["own against"] += 1
                 if result["verdict"] == NO_EFFECT:
                     assert NO_EFFECT in verdicts
                 elif verdicts and all(v == NO_EFFECT for v in verdicts):

@@ -15,8 +15,8 @@ from trm.study.groups import load_groups
     [
         ("check: at_most\n", "check: below\n", "criteria[1]: check: unknown kind 'below' (one of within,"),
         (
-            "members: [exp01d, exp01e, exp01f]\n        reference",
-            "members: [exp01d, exp01z, exp01f]\n        reference",
+            "members: [exp01d, exp01e, exp01f]\n        against",
+            "members: [exp01d, exp01z, exp01f]\n        against",
             "criteria[1]: members: 'exp01z' is not a member of the group",
         ),
         (
@@ -34,11 +34,17 @@ from trm.study.groups import load_groups
             "        tolerence: 0.01\n",
             "criteria[1]: unknown field 'tolerence' for check",
         ),
-        ("        value: 0.854\n", "", "criteria[0]: check 'at_least' needs exactly one of 'reference'"),
-        (  # a criterion never compares a member with itself
+        ("        value: 0.854\n", "", "criteria[0]: check 'at_least' needs exactly one of 'against'"),
+        (  # the key's name before issue 41
+            "members: [exp01a]\n        against: [exp01c]",
             "members: [exp01a]\n        reference: [exp01c]",
-            "members: [exp01c]\n        reference: [exp01c]",
-            "criteria[2]: reference: 'exp01c' would be compared with itself only; name another member",
+            "criteria[2]: unknown field 'reference' for check 'at_most' (allowed: text, check, metric, members, "
+            "against, value, margin); 'reference' is now called 'against'",
+        ),
+        (  # a criterion never compares a member with itself
+            "members: [exp01a]\n        against: [exp01c]",
+            "members: [exp01c]\n        against: [exp01c]",
+            "criteria[2]: against: 'exp01c' would be compared with itself only; name another member",
         ),
         (
             "    how_to_read: >-\n      Test exact accuracy against parameter",

@@ -67,14 +67,14 @@ def _measured_study(tmp_path: Path) -> pd.DataFrame:
 def test_a_local_plan_counts_only_the_runs_left_to_train(tmp_path):
     """The user's case: with nothing left to do, the plan still printed the whole study's estimate."""
     planned = study(tmp_path, {"groups": ["exp06"], **ONE_SEED})
-    assert "finished" not in planned.costs.summary()
+    assert "finished" not in planned.costs.plan_text()
     finished_runs(planned, {"exp06_a": 0.3, "exp06_c": 0.4}, {"exp06_a": 60.0, "exp06_c": 60.0})
     # A run dir in local storage that holds _SUCCESS has finished too, summarised or not.
     success = Path(planned.run_url("ref_paper")) / "_SUCCESS"
     success.parent.mkdir(parents=True)
     success.touch()
     planned = study(tmp_path, {"groups": ["exp06"], **ONE_SEED})
-    header, training, *_ = planned.costs.summary().splitlines()
+    header, training, *_ = planned.costs.plan_text().splitlines()
     assert header.startswith(
         "TRM study, scale smoke: 6 experiments in 1 groups and 1 reference, 1 datasets, "
     )
@@ -86,7 +86,7 @@ def test_a_local_plan_counts_only_the_runs_left_to_train(tmp_path):
         "(no training)"
     )
     finished_runs(planned, dict.fromkeys(planned.plan, 0.3), dict.fromkeys(planned.plan, 60.0))
-    summary = study(tmp_path, {"groups": ["exp06"], **ONE_SEED}).costs.summary()
+    summary = study(tmp_path, {"groups": ["exp06"], **ONE_SEED}).costs.plan_text()
     assert summary.endswith(", 7 distinct runs, 7 finished, 0 to train: nothing to train")
 
 
@@ -111,7 +111,7 @@ def test_a_local_plan_estimates_from_the_steps_this_machine_measured(tmp_path):
     evaluation = (table["run_flops"] - table["steps"] * rates * STEP_S) / rates
     start_up = statistics.fmean(WALL_S - training - evaluation)
     assert 0 < start_up < WALL_S and abs(costs.hours["exp06_a"]["start-up"] * 3600 - start_up) < 1e-6
-    lines = costs.summary().splitlines()
+    lines = costs.plan_text().splitlines()
     assert lines[0].startswith(
         "TRM study, scale smoke: 2 experiments in 2 groups, 2 datasets, 2 distinct runs; estimated 1 runs at the "
         "step time measured for their step's shape"

@@ -181,7 +181,7 @@ def test_each_experiment_is_drawn_at_its_mean_with_its_interval_every_run_as_a_d
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from trm.analysis.judge import add_summaries, noise_floors, reference_ids
+    from trm.analysis.judge import add_estimates, floor_ids, noise_floors
     from trm.analysis.plots import _panel
     from trm.analysis.uncertainty import FLOOR_AND_SAMPLING, SEEDS
 
@@ -208,7 +208,7 @@ def test_each_experiment_is_drawn_at_its_mean_with_its_interval_every_run_as_a_d
         "exp01",
     )
     metrics = ["test_exact_accuracy"]
-    runs = add_summaries(runs, metrics, noise_floors(runs, metrics, reference_ids(runs)), test_puzzles=1000)
+    runs = add_estimates(runs, metrics, noise_floors(runs, metrics, floor_ids(runs)), test_puzzles=1000)
     sources = runs.drop_duplicates("id").set_index("id")["test_exact_accuracy_interval"]
     assert sources[group["baseline"]] == SEEDS and sources["exp01a"] == FLOOR_AND_SAMPLING
     fig, ax = plt.subplots()
@@ -275,7 +275,7 @@ def test_curve_bands_are_the_uncertainty_modules_intervals_and_every_run_is_draw
     import matplotlib.pyplot as plt
 
     from trm.analysis.plots import _panel, _test_time_panel
-    from trm.analysis.uncertainty import FLOOR_AND_SAMPLING, SAMPLING_ONLY, noise_floor, summarize
+    from trm.analysis.uncertainty import FLOOR_AND_SAMPLING, SAMPLING_ONLY, estimate, noise_floor
 
     group = next(g for g in load_groups() if g["id"] == "exp09")
     runs, points = band_tables(x, y)
@@ -287,12 +287,12 @@ def test_curve_bands_are_the_uncertainty_modules_intervals_and_every_run_is_draw
     bands = {c.get_gid(): band_edges(c) for c in ax.collections if c.get_gid()}
     seeds = {i: [v[i] for (exp, _), v in BAND_RUNS.items() if exp == "exp09a"] for i in range(3)}
     for i, at in enumerate(BAND_XS[x][:3]):
-        over_seeds = summarize(seeds[i])
+        over_seeds = estimate(seeds[i])
         assert bands["band:exp09a"][at] == pytest.approx((over_seeds.low, over_seeds.high))
-        one_run = summarize([BAND_RUNS["exp09b", 0][i]], noise_floor({"exp09a": seeds[i]}), PUZZLES[i])
+        one_run = estimate([BAND_RUNS["exp09b", 0][i]], noise_floor({"exp09a": seeds[i]}), PUZZLES[i])
         assert one_run.source == FLOOR_AND_SAMPLING
         assert bands["band:exp09b"][at] == pytest.approx((one_run.low, one_run.high))
-    last = summarize([BAND_RUNS["exp09b", 0][3]], None, PUZZLES[3])
+    last = estimate([BAND_RUNS["exp09b", 0][3]], None, PUZZLES[3])
     assert last.source == SAMPLING_ONLY and last.high - last.low > 0
     assert bands["band:exp09b"][BAND_XS[x][3]] == pytest.approx((last.low, last.high))
     assert set(bands) == {"band:exp09a", "band:exp09b"}

@@ -29,7 +29,7 @@ BUCKET = "gs://my-trm-bucket/trm-study"
 
 def criterion(check: str, **bound: float) -> dict:
     """A criterion of one member `a` against the reference `b` on test exact accuracy."""
-    return {"check": check, "metric": "test_exact_accuracy", "members": ["a"], "reference": ["b"], **bound}
+    return {"check": check, "metric": "test_exact_accuracy", "members": ["a"], "against": ["b"], **bound}
 
 
 def detectable(crit: dict, a: int, b: int, floor_df: int = 2, sd: float = SD) -> float:
@@ -84,7 +84,8 @@ def test_a_measured_mini_table_sets_the_spread_and_the_summary_names_it(tmp_path
         assert assessed.seeds < public[name].seeds
     summary = power.report(planned).splitlines()[-1]
     assert (
-        "decidable as planned" in summary and f"measured: 3 seeds of the reference runs in {table}" in summary
+        "decidable as planned" in summary
+        and f"measured: 3 seeds of the noise-floor runs in {table}" in summary
     )
 
 
@@ -97,7 +98,7 @@ def test_a_spread_measured_at_the_ceiling_is_not_assumed(tmp_path):
     runs_table(rows, group="exp01").assign(baseline=True).to_csv(table, index=False)
     spread = power.seed_spread(planned.config["results"], "test_exact_accuracy")
     assert spread.sd == SD and "public reproductions" in spread.source
-    assert f"reference runs in {table} sit at 99.6%, where their spread is squeezed" in spread.source
+    assert f"noise-floor runs in {table} sit at 99.6%, where their spread is squeezed" in spread.source
     # Away from the ceiling the same table's spread is the one assumed.
     rows["test_exact_accuracy"] -= 0.1
     runs_table(rows, group="exp01").assign(baseline=True).to_csv(table, index=False)

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from workflow_support import runs_table
 
-from trm.analysis.judge import PUZZLE_SD_COLUMNS, add_summaries, noise_floors, puzzle_sds
+from trm.analysis.judge import PUZZLE_SD_COLUMNS, add_estimates, noise_floors, puzzle_sds
 from trm.analysis.uncertainty import (
     FLOOR_AND_PUZZLE_SD,
     FLOOR_AND_SAMPLING,
@@ -19,7 +19,7 @@ from trm.analysis.uncertainty import (
     SAMPLING_ONLY,
     SEEDS,
     difference,
-    summarize,
+    estimate,
     wilson_interval,
 )
 from trm.analysis.verdicts import judge_groups
@@ -31,7 +31,7 @@ SD_COLUMN = "test_cell_accuracy_puzzle_sd"
 
 
 def test_the_puzzle_sd_gives_the_t_interval_over_the_puzzles():
-    alone = summarize([0.40], None, puzzles=16, puzzle_sd=0.2)
+    alone = estimate([0.40], None, puzzles=16, puzzle_sd=0.2)
     assert alone.source == PUZZLE_SD_ONLY
     assert (alone.low, alone.high) == pytest.approx((0.40 - T15 * 0.05, 0.40 + T15 * 0.05), abs=1e-6)
     # Narrower than Wilson's bound, which takes every puzzle as all right or all wrong.
@@ -43,23 +43,23 @@ def test_the_puzzle_sd_gives_the_t_interval_over_the_puzzles():
         ["m"],
         ["b"],
     )
-    both = summarize([0.40], floor["m"], puzzles=16, puzzle_sd=0.2)
+    both = estimate([0.40], floor["m"], puzzles=16, puzzle_sd=0.2)
     assert both.source == FLOOR_AND_PUZZLE_SD
     assert both.high - 0.40 == pytest.approx(math.hypot(T2 * 0.02, T15 * 0.05), abs=1e-6)
     # Seeds win over both: the puzzle sd of a seeded experiment does not enter.
-    assert summarize([0.40, 0.42], None, puzzles=16, puzzle_sd=0.2).source == SEEDS
+    assert estimate([0.40, 0.42], None, puzzles=16, puzzle_sd=0.2).source == SEEDS
 
 
 @pytest.mark.parametrize("sd", [None, math.nan, 0.0])
 def test_without_a_recorded_sd_the_interval_is_wilsons(sd):
-    fallback = summarize([0.40], None, puzzles=16, puzzle_sd=sd)
+    fallback = estimate([0.40], None, puzzles=16, puzzle_sd=sd)
     assert fallback.source == SAMPLING_ONLY
     assert (fallback.low, fallback.high) == pytest.approx(wilson_interval(0.40 * 16, 16))
 
 
 def test_a_difference_of_two_one_run_points_has_welch_satterthwaite_degrees_of_freedom():
-    a = summarize([0.40], None, puzzles=16, puzzle_sd=0.2)
-    b = summarize([0.30], None, puzzles=16, puzzle_sd=0.2)
+    a = estimate([0.40], None, puzzles=16, puzzle_sd=0.2)
+    b = estimate([0.30], None, puzzles=16, puzzle_sd=0.2)
     d = difference(a, b)
     # Equal variances of 15 degrees of freedom each: 30 together; se = √2 · 0.05.
     assert d.df == pytest.approx(30) and d.se == pytest.approx(math.sqrt(2) * 0.05)
@@ -95,7 +95,7 @@ def test_the_table_reads_each_one_run_experiments_sd_and_names_the_interval_it_g
     assert puzzle_sds(table, "test_cell_accuracy") == {"b": None, "a": 0.2, "c": None}
     assert puzzle_sds(table, "test_exact_accuracy") == {}  # a binomial: Wilson's interval is the right one
     metrics = ["test_cell_accuracy", "test_exact_accuracy"]
-    out = add_summaries(table, metrics, noise_floors(table, metrics, ["b"]), test_puzzles=16).set_index("id")
+    out = add_estimates(table, metrics, noise_floors(table, metrics, ["b"]), test_puzzles=16).set_index("id")
     assert out.loc["a", "test_cell_accuracy_interval"] == FLOOR_AND_PUZZLE_SD
     assert out.loc["a", "test_cell_accuracy_high"] - 0.40 == pytest.approx(math.hypot(T2 * 0.02, T15 * 0.05))
     assert out.loc["c", "test_cell_accuracy_interval"] == FLOOR_AND_SAMPLING  # the fallback, said so
@@ -107,7 +107,7 @@ def test_the_table_reads_each_one_run_experiments_sd_and_names_the_interval_it_g
 def test_a_run_without_a_recorded_sd_keeps_wilsons_interval():
     table = _table()
     assert table[SD_COLUMN].isna().all()
-    out = add_summaries(table, ["test_cell_accuracy"], {}, test_puzzles=16).set_index("id")
+    out = add_estimates(table, ["test_cell_accuracy"], {}, test_puzzles=16).set_index("id")
     assert out.loc["a", "test_cell_accuracy_interval"] == SAMPLING_ONLY
     assert (out.loc["a", "test_cell_accuracy_low"], out.loc["a", "test_cell_accuracy_high"]) == pytest.approx(
         wilson_interval(0.40 * 16, 16)
@@ -128,7 +128,7 @@ def test_the_verdicts_judge_a_smoke_cell_accuracy_on_the_runs_puzzle_sd():
                 "metric": "test_exact_accuracy",
                 "check": "at_least",
                 "members": ["a"],
-                "reference": ["c"],
+                "against": ["c"],
             }
         ],
     }
@@ -137,7 +137,7 @@ def test_the_verdicts_judge_a_smoke_cell_accuracy_on_the_runs_puzzle_sd():
     sds = {SD_COLUMN: [0.05, 0.05, 0.05, 0.05, 0.05]}
     (criterion,) = judge_groups([group], _table(**sds), "smoke", 16)["groups"][0]["criteria"]
     assert criterion["metric"] == "test_cell_accuracy"  # exact accuracy is 0 throughout: the smoke fallback
-    assert {criterion["summaries"][m]["source"] for m in ("a", "c")} == {FLOOR_AND_PUZZLE_SD}
+    assert {criterion["estimates"][m]["source"] for m in ("a", "c")} == {FLOOR_AND_PUZZLE_SD}
     assert criterion["verdict"] == "supported"
     (wilson,) = judge_groups([group], _table(), "smoke", 16)["groups"][0]["criteria"]
-    assert wilson["summaries"]["a"]["source"] == FLOOR_AND_SAMPLING and wilson["verdict"] == "inconclusive"
+    assert wilson["estimates"]["a"]["source"] == FLOOR_AND_SAMPLING and wilson["verdict"] == "inconclusive"

@@ -1,5 +1,5 @@
 """A selection of the study (`--config experiments=[...]` or `groups=[...]`; trm/study/selection.py): its table,
-verdicts and plots in a folder of its own, never over the whole study's; the study's reference set planned with it,
+verdicts and plots in a folder of its own, never over the whole study's; the study's floor set planned with it,
 so that its noise floor, hence every interval, is the whole study's; and those floor-only runs in its table but in
 none of its verdicts and plots."""
 
@@ -17,7 +17,7 @@ from trm.analysis.uncertainty import FLOOR_AND_SAMPLING, NO_DATA, SAMPLING_ONLY
 from trm.analysis.verdicts import judge_groups
 from trm.cli import main as trm_main
 from trm.study.groups import GROUPS_PATH, load_groups, load_references
-from trm.study.selection import reference_set, selection_name
+from trm.study.selection import floor_set, selection_name
 
 GROUPS = load_groups()
 REFERENCES = [ref["id"] for ref in load_references()]
@@ -61,10 +61,10 @@ def test_a_selection_writes_its_analysis_in_its_own_folder_and_plans_the_floors_
     one = study(root, {"experiments": ["exp01a"]})
     assert one.analysis == str(results / "selections" / "exp01a")
     assert (one.selected_groups, one.references) == (["exp01"], [])
-    # The reference set, one id per distinct run: every group's baseline (with its replicates) and the reference
+    # The floor set, one id per distinct run: every group's baseline (with its replicates) and the reference
     # runs, 43 ids of the whole study but 4 runs at the smoke scale (the baselines share one config), of which the
     # 3 seeds of the baselines' configuration measure the floor (the reference run's one seed measures no spread).
-    wanted = set(reference_set(GROUPS, REFERENCES))
+    wanted = set(floor_set(GROUPS, REFERENCES))
     reference_runs = {exp.hash for exp in whole.plan.values() if exp.experiment in wanted}
     assert (
         len([exp for exp in whole.plan.values() if exp.experiment in wanted]) == 43
@@ -73,7 +73,7 @@ def test_a_selection_writes_its_analysis_in_its_own_folder_and_plans_the_floors_
     assert one.floor_only == ["exp01c", "exp01c~s1", "exp01c~s2"]
     assert {one.plan[run].hash for run in one.floor_only} == reference_runs - {whole.plan["ref_paper"].hash}
     assert [run for run in one.plan if run not in one.floor_only] == ["exp01a"]
-    # A selected baseline's seeds are the reference set's runs already: nothing is added.
+    # A selected baseline's seeds are the floor set's runs already: nothing is added.
     assert study(root, {"experiments": ["exp06_c", "exp01a"]}).floor_only == []
     group = study(root, {"groups": ["exp06"]})
     assert group.analysis == str(results / "selections" / "groups-exp06") and group.floor_only == []
@@ -124,7 +124,7 @@ def test_floor_only_rows_measure_the_noise_floor_and_are_judged_in_no_criterion(
             "metric": "test_exact_accuracy",
             "check": "at_most",
             "members": ["c"],
-            "reference": ["b"],
+            "against": ["b"],
         },
         {"text": "t", "metric": "test_exact_accuracy", "check": "at_most", "members": ["c"], "value": 0.9},
     ]
@@ -132,7 +132,7 @@ def test_floor_only_rows_measure_the_noise_floor_and_are_judged_in_no_criterion(
         "groups"
     ][0]["criteria"]
     assert against_b["verdict"] == NO_DATA and against_b["detail"] == "no run in the table: b"
-    assert against_value["summaries"]["c"]["source"] == FLOOR_AND_SAMPLING  # b's seeds measured the floor
+    assert against_value["estimates"]["c"]["source"] == FLOOR_AND_SAMPLING  # b's seeds measured the floor
 
 
 def test_a_plot_draws_no_floor_only_run_but_its_bands_use_their_floor(tmp_path):

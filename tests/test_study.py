@@ -119,7 +119,7 @@ def test_same_config_experiments_share_one_run_and_one_job_file(tmp_path):
     planned = study(tmp_path, {"experiments": experiments})
     assert planned.first_with_same_run("exp05_d") == "exp01c" == planned.first_with_same_run("exp01c")
     # The baselines' replicates (replicates.smoke.baseline) are shared seed by seed too.
-    assert planned.runs() == ["exp01a", "exp01c", "exp01c~s1", "exp01c~s2", "exp06_f"]
+    assert planned.distinct_runs() == ["exp01a", "exp01c", "exp01c~s1", "exp01c~s2", "exp06_f"]
     assert planned.first_with_same_run("exp05_d~s2") == "exp01c~s2"
     assert planned.trained_first("exp01c") == []
     assert planned.run_summary("exp05_d") == str(tmp_path / "results/smoke/runs/exp05_d.json")
@@ -132,7 +132,9 @@ def test_same_config_experiments_share_one_run_and_one_job_file(tmp_path):
     jobs = tmp_path / "results/smoke/jobs"
     assert sorted(p.name for p in jobs.iterdir()) == sorted({f"{e.hash}.json" for e in planned.plan.values()})
     # What the aggregate rule takes as input, to read each run's config: the job files written, once each.
-    assert sorted(planned.job_file(e) for e in planned.runs()) == sorted(str(p) for p in jobs.iterdir())
+    assert sorted(planned.job_file(e) for e in planned.distinct_runs()) == sorted(
+        str(p) for p in jobs.iterdir()
+    )
     for exp in planned.plan.values():
         job = read_job(planned.job_file(exp.id))
         assert job.run.config == exp.config and job.run.config_hash == exp.hash == config_hash(exp.config)
@@ -195,7 +197,7 @@ def test_an_experiment_runs_on_its_own_accelerator_and_pool(tmp_path):
     )  # same FLOPs
     assert "on the job's 4 devices" in planned.costs.message("ref_paper")
     assert "on the job's 32 devices" in planned.costs.message("exp01c")
-    assert "each on its own devices" in planned.costs.summary()
+    assert "each on its own devices" in planned.costs.plan_text()
     preflight = planned.preflight_command()
     assert preflight[:4] == [TRM, "preflight", "--storage", "gs://trm-bucket/study"]
     assert "--tpu-create" in preflight and preflight[preflight.index("--tpu-slices") + 1] == "trm-v4-64"
@@ -234,7 +236,7 @@ def test_plan_summary_and_each_jobs_estimate(tmp_path):
         f"    training:   {costs.hours['exp06_a']['training']:.4g} CPU core-hours ("
     )
     assert evaluation_line.endswith("(every test_time_steps count 16,32 in one pass)")
-    summary = costs.summary().splitlines()
+    summary = costs.plan_text().splitlines()
     assert summary[0] == (
         "TRM study, scale smoke: 6 experiments in 1 groups and 1 reference, 1 datasets, 7 distinct runs; "
         "estimated at an assumed 10% of peak (a rough bound, not a forecast):"
@@ -254,7 +256,7 @@ def test_plan_summary_and_each_jobs_estimate(tmp_path):
 def test_a_price_per_device_hour_prices_the_planned_hours(tmp_path):
     planned = study(tmp_path, {"groups": ["exp06"], "accelerator": {"price_per_hour": 2.5}, **ONE_SEED})
     hours = sum(h["training"] + h["evaluation"] for h in planned.costs.hours.values())
-    *_, price = planned.costs.summary().splitlines()
+    *_, price = planned.costs.plan_text().splitlines()
     assert price.startswith(
         f"  price:      ${hours * 2.5:,.0f} for these {hours:.4g} CPU core-hours at $2.5 each"
     )
@@ -280,7 +282,7 @@ def test_a_step_floor_prices_dispatch_bound_steps_and_leaves_large_ones(tmp_path
     batch_steps = evaluation_batch_steps(config, MINI.test_puzzles, (16, 32, 64))
     assert batch_steps == 7 * 8 * 16 + 16 * 64
     assert floored.hours["exp06_c"]["evaluation"] == pytest.approx(batch_steps * 0.0027 / 3600)
-    assert "at least 2.7 ms a step (accelerator.step_floor_s)" in floored.summary().splitlines()[0]
+    assert "at least 2.7 ms a step (accelerator.step_floor_s)" in floored.plan_text().splitlines()[0]
     # A step slower than the floor keeps its FLOPs' time: the paper's baseline at batch 6144.
     paper = next(e.config for e in plan_study("paper", ["exp01c"]))
     flops = training_flops(paper, model_costs(paper))

@@ -73,8 +73,10 @@ def test_profile_dry_run_needs_no_gcloud_and_shows_tpu_hours(tmp_path):
         tmp_path / "plan", {"groups": ["exp06"], "storage": settings[1].split("=")[1]}, profile=TPU_PROFILE
     )
     assert not any((root / path).exists() for path in files)
-    assert {Path(path).name for path in files} == {Path(planned.job_file(exp)).name for exp in planned.runs()}
-    jobs = [planned.job(exp) for exp in planned.runs()]
+    assert {Path(path).name for path in files} == {
+        Path(planned.job_file(exp)).name for exp in planned.distinct_runs()
+    }
+    jobs = [planned.job(exp) for exp in planned.distinct_runs()]
     shapes = collections.Counter((job.backend, job.hosts, job.devices_per_host) for job in jobs)
     assert shapes == {("tpu-vm", 8, 4): 6 + 2, ("tpu-vm", 1, 4): 1}  # ref_paper on its own v4-8
     # The evaluation runs on the slice, in the training job; the controller only collects its results.

@@ -13,7 +13,7 @@ from workflow_support import runs_table
 
 from trm.analysis.judge import (
     CELL_CAVEAT,
-    add_summaries,
+    add_estimates,
     judge_criterion,
     judged_metric,
     noise_floors,
@@ -33,12 +33,12 @@ from trm.analysis.uncertainty import (
     SEEDS,
     SUPPORTED,
     difference,
+    estimate,
     judge,
     noise_floor,
     normal_seeds_per_arm,
     puzzles_for_half_width,
     seeds_per_arm,
-    summarize,
     t_quantile,
     wilson_interval,
 )
@@ -108,19 +108,19 @@ def test_seeds_per_arm_approaches_the_closed_form_for_small_effects():
     assert seeds_per_arm(0.1, 1.0) is None  # 1571 is past MAX_USEFUL_SEEDS
 
 
-# ---------------------------------------------------------------------------- summaries and the noise floor
+# ---------------------------------------------------------------------------- estimates and the noise floor
 
 
 def test_summary_over_seeds_is_the_student_t_interval():
     values = [0.529, 0.594, 0.551, 0.570, 0.562]  # five seeds spanning the range
-    s = summarize(values, puzzles=16)  # with seeds, the puzzles do not enter
+    s = estimate(values, puzzles=16)  # with seeds, the puzzles do not enter
     mean, sd = sum(values) / 5, math.sqrt(sum((v - sum(values) / 5) ** 2 for v in values) / 4)
     assert (s.n, s.source) == (5, SEEDS)
     assert (s.mean, s.sd) == (pytest.approx(mean), pytest.approx(sd))
     assert (s.low, s.high) == pytest.approx(
         (mean - 2.776 * sd / math.sqrt(5), mean + 2.776 * sd / math.sqrt(5)), abs=1e-4
     )
-    assert summarize([0.5, math.nan, None, 0.7]).n == 2  # not measured is not a run
+    assert estimate([0.5, math.nan, None, 0.7]).n == 2  # not measured is not a run
 
 
 def test_noise_floor_pools_the_seed_variance_of_every_experiment_with_seeds():
@@ -136,7 +136,7 @@ def test_seeds_that_all_read_the_same_value_measure_no_noise_floor():
     # The smoke study's train-test gap: 0 for every seed of the baseline (exact accuracies pinned at 0). A floor
     # of 0 would decide a one-run difference of 2.1 points with an interval of +- 0.
     assert noise_floor({"baseline": [0.0, 0.0, 0.0]}) is None
-    wide, narrow = summarize([0.241], None), summarize([0.021], None)
+    wide, narrow = estimate([0.241], None), estimate([0.021], None)
     assert not math.isfinite(difference(wide, narrow).half_width)
     claim = judge(AT_MOST, 0.02, wide, narrow)
     assert claim.verdict == INCONCLUSIVE and "seed spread is unknown" in claim.text()
@@ -146,18 +146,18 @@ def test_a_single_run_takes_its_interval_from_the_noise_floor_and_says_so():
     baseline = [0.87, 0.85, 0.89]
     floor = noise_floor({"b": baseline})
     s = np.std(baseline, ddof=1)
-    alone = summarize([0.80], floor)  # not a fraction of puzzles: the floor alone
+    alone = estimate([0.80], floor)  # not a fraction of puzzles: the floor alone
     assert alone.source == FLOOR_ONLY
     assert alone.high - 0.80 == pytest.approx(4.303 * s, rel=1e-3)  # t at the floor's 2 degrees of freedom
     # Over a huge test split the sampling half-width vanishes beside the floor.
-    assert summarize([0.80], floor, puzzles=10**9).source == FLOOR_AND_SAMPLING
-    assert summarize([0.80], floor, puzzles=10**9).high - 0.80 == pytest.approx(4.303 * s, rel=1e-3)
+    assert estimate([0.80], floor, puzzles=10**9).source == FLOOR_AND_SAMPLING
+    assert estimate([0.80], floor, puzzles=10**9).high - 0.80 == pytest.approx(4.303 * s, rel=1e-3)
     # Over 16 puzzles the sampling interval dominates, and both widen the interval past either alone.
-    small = summarize([0.5], floor, puzzles=16)
+    small = estimate([0.5], floor, puzzles=16)
     w_low, w_high = wilson_interval(8, 16)
     assert small.high - 0.5 == pytest.approx(math.hypot(4.303 * s, w_high - 0.5), rel=1e-3)
     assert small.low < w_low and small.high > w_high
-    only = summarize([0.0], None, puzzles=16)
+    only = estimate([0.0], None, puzzles=16)
     assert only.source == SAMPLING_ONLY and (only.low, only.high) == pytest.approx(wilson_interval(0, 16))
 
 
@@ -167,7 +167,7 @@ def test_a_single_run_takes_its_interval_from_the_noise_floor_and_says_so():
 def test_difference_of_seeded_experiments_is_welchs_interval():
     rng = np.random.default_rng(1)
     a, b = runs(rng, 0.80, 0.02, 3), runs(rng, 0.87, 0.01, 4)
-    d = difference(summarize(a), summarize(b))
+    d = difference(estimate(a), estimate(b))
     welch = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
     assert (d.low, d.high) == pytest.approx((welch.low, welch.high))
 
@@ -176,7 +176,7 @@ def test_a_single_run_against_seeds_adds_the_floor_variance():
     baseline = [0.86, 0.88, 0.87]
     s2 = np.var(baseline, ddof=1)
     floor = noise_floor({"b": baseline})
-    d = difference(summarize([0.80], floor), summarize(baseline))
+    d = difference(estimate([0.80], floor), estimate(baseline))
     # var = s^2 (one run at the floor) + s^2 / 3 (the mean of 3); Welch-Satterthwaite df = 3.2 by hand.
     df = (s2 + s2 / 3) ** 2 / (s2**2 / 2 + (s2 / 3) ** 2 / 2)
     assert df == pytest.approx(3.2) and d.df == pytest.approx(3.2)
@@ -187,7 +187,7 @@ def test_two_single_runs_share_one_noise_floor_and_its_degrees_of_freedom():
     baseline = [0.86, 0.88, 0.87]
     s = np.std(baseline, ddof=1)
     floor = noise_floor({"b": baseline})
-    d = difference(summarize([0.80], floor), summarize([0.84], floor))
+    d = difference(estimate([0.80], floor), estimate([0.84], floor))
     # var = 2 s^2 from one estimate with 2 degrees of freedom (not 4: the floor is counted once).
     assert d.df == pytest.approx(2)
     assert d.half_width == pytest.approx(4.303 * s * math.sqrt(2), rel=1e-3)
@@ -200,9 +200,9 @@ def test_a_clear_effect_is_supported_and_the_opposite_claim_is_not():
     rng = np.random.default_rng(7)
     # Hidden 256 is 6 points below 512, seed noise 1 point, 3 seeds each: "at least 1 point below" holds.
     samples = {"a": runs(rng, 0.81, 0.01), "b": runs(rng, 0.87, 0.01)}
-    below = criterion("at_most", members=["a"], reference=["b"], margin=-0.01)
+    below = criterion("at_most", members=["a"], against=["b"], margin=-0.01)
     assert verdict(below, samples)["verdict"] == SUPPORTED
-    above = criterion("at_least", members=["a"], reference=["b"], margin=0.0)
+    above = criterion("at_least", members=["a"], against=["b"], margin=0.0)
     result = verdict(above, samples)
     assert result["verdict"] == NOT_SUPPORTED
     gap = (np.mean(samples["a"]) - np.mean(samples["b"])) * 100  # in points
@@ -213,7 +213,7 @@ def test_an_effect_inside_the_noise_is_inconclusive_with_a_seed_estimate():
     # 2.5 points below with 1 point of seed noise: 1.5 sd from the margin, so about 8 to 13 seeds resolve it.
     rng = np.random.default_rng(1)
     samples = {"a": runs(rng, 0.845, 0.01), "b": runs(rng, 0.87, 0.01)}
-    result = verdict(criterion("at_most", members=["a"], reference=["b"], margin=-0.01), samples)
+    result = verdict(criterion("at_most", members=["a"], against=["b"], margin=-0.01), samples)
     assert result["verdict"] == INCONCLUSIVE
     (compared,) = result["comparisons"]
     assert compared["low"] < -0.01 < compared["high"]
@@ -228,8 +228,8 @@ def test_an_effect_inside_the_noise_is_inconclusive_with_a_seed_estimate():
 
 
 def test_a_difference_at_the_margin_says_seeds_will_not_resolve_it():
-    a = summarize([0.860, 0.875, 0.865])
-    b = summarize([0.870, 0.885, 0.875])  # a - b is exactly -0.01, the margin
+    a = estimate([0.860, 0.875, 0.865])
+    b = estimate([0.870, 0.885, 0.875])  # a - b is exactly -0.01, the margin
     j = judge(AT_MOST, -0.01, a, b)
     assert j.verdict == INCONCLUSIVE and j.seeds is None
     assert f"even {MAX_USEFUL_SEEDS} seeds per point would not resolve it" in j.text()
@@ -239,10 +239,10 @@ def test_a_difference_at_the_margin_says_seeds_will_not_resolve_it():
 def test_a_metric_equal_for_every_run_is_no_signal(value):
     samples = {m: [value] * 3 for m in "abcd"}
     for crit in (
-        criterion("at_most", members=["a", "c"], reference=["b"], margin=0.01),
+        criterion("at_most", members=["a", "c"], against=["b"], margin=0.01),
         criterion("monotonic", members=["a", "b", "c"], direction="increasing", tolerance=0.01),
         criterion("best_is_one_of", members=["b"]),
-        criterion("within", members=["a"], reference=["b"], tolerance=0.01),
+        criterion("within", members=["a"], against=["b"], tolerance=0.01),
     ):
         assert verdict(crit, samples)["verdict"] == NO_SIGNAL
     # One run at 0 against a fixed figure is no signal too; a measured nonzero run is judged.
@@ -258,24 +258,24 @@ def test_single_runs_are_judged_against_the_noise_floor():
     floor = noise_floor({"b": baseline})
     samples = {"a": [0.70], "b": baseline, "c": [0.865]}
     clear = verdict(
-        criterion("at_most", members=["a"], reference=["b"], margin=-0.01), samples, floor, 423_168
+        criterion("at_most", members=["a"], against=["b"], margin=-0.01), samples, floor, 423_168
     )
     assert clear["verdict"] == SUPPORTED
     assert (
-        clear["summaries"]["a"]["source"] == FLOOR_AND_SAMPLING and clear["summaries"]["b"]["source"] == SEEDS
+        clear["estimates"]["a"]["source"] == FLOOR_AND_SAMPLING and clear["estimates"]["b"]["source"] == SEEDS
     )
     close = verdict(
-        criterion("within", members=["c"], reference=["b"], tolerance=0.002), samples, floor, 423_168
+        criterion("within", members=["c"], against=["b"], tolerance=0.002), samples, floor, 423_168
     )
     assert close["verdict"] == INCONCLUSIVE and "seeds per point" in close["detail"]
     # Without a noise floor the spread of one run is unknown: the verdict says what to measure.
     blind = verdict(
-        criterion("at_most", members=["c"], reference=["a"], margin=0.0),
+        criterion("at_most", members=["c"], against=["a"], margin=0.0),
         {"a": [3 / 16], "c": [5 / 16]},
         None,
         16,
     )
-    assert blind["verdict"] == INCONCLUSIVE and blind["summaries"]["a"]["source"] == SAMPLING_ONLY
+    assert blind["verdict"] == INCONCLUSIVE and blind["estimates"]["a"]["source"] == SAMPLING_ONLY
     assert "the seed spread is unknown" in blind["detail"]
 
 
@@ -283,11 +283,11 @@ def test_single_runs_of_unknown_spread_never_decide():
     import json
 
     # Throughput is not a fraction of puzzles: one run each and no noise floor leave the spread unknown.
-    crit = {**criterion("at_least", members=["a"], reference=["b"]), "metric": "examples_per_second"}
+    crit = {**criterion("at_least", members=["a"], against=["b"]), "metric": "examples_per_second"}
     result = verdict(crit, {"a": [5000.0], "b": [100.0]}, None, 16)
     assert result["verdict"] == INCONCLUSIVE
     assert "uncertainty unknown" in result["detail"] and "the seed spread is unknown" in result["detail"]
-    assert result["summaries"]["a"]["source"] == "none"
+    assert result["estimates"]["a"]["source"] == "none"
     json.dumps(result, allow_nan=False)  # unknown figures are null, the output stays standard JSON
 
 
@@ -315,7 +315,7 @@ def test_monotonic_and_best_is_one_of_under_noise():
 
 def test_a_member_without_a_measured_run_is_not_enough_data():
     result = verdict(
-        criterion("at_most", members=["a"], reference=["b"]), {"a": [math.nan], "b": [0.8, 0.82]}
+        criterion("at_most", members=["a"], against=["b"]), {"a": [math.nan], "b": [0.8, 0.82]}
     )
     assert result["verdict"] == NO_DATA and "a" in result["detail"]
 
@@ -376,7 +376,7 @@ def test_the_table_keeps_one_row_per_run_and_gains_each_experiments_summary():
     metrics = ["test_cell_accuracy", "examples_per_second"]
     floors = noise_floors(table, metrics, ["b"])
     assert floors["test_cell_accuracy"].sd == pytest.approx(0.02) and floors["examples_per_second"].df == 2
-    out = add_summaries(table, metrics, floors, test_puzzles=16)
+    out = add_estimates(table, metrics, floors, test_puzzles=16)
     assert len(out) == 4 and list(out["seed"]) == [0, 1, 2, 0]
     b = out[out["id"] == "b"]
     assert list(b["test_cell_accuracy_mean"]) == pytest.approx([0.52] * 3)

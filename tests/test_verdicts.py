@@ -68,29 +68,29 @@ def real_groups() -> dict[str, dict]:
 
 
 def test_within_compares_each_member_with_the_best_reference_both_ways():
-    criterion = {"check": "within", "members": ["a", "c"], "reference": ["b"], "tolerance": 0.02}
+    criterion = {"check": "within", "members": ["a", "c"], "against": ["b"], "tolerance": 0.02}
     held = judge(criterion, table(a=0.86, b=0.87, c=0.875))
     assert held["verdict"] == SUPPORTED
     assert "a - b: supported: difference -1.0 ± 0.5 points (needs within ± 2.0)" in held["detail"]
     assert judge(criterion, table(a=0.83, b=0.87, c=0.87))["verdict"] == NOT_SUPPORTED
     assert judge(criterion, table(a=0.87, b=0.87, c=0.91))["verdict"] == NOT_SUPPORTED  # above counts too
     # Against the best of several references: "b is within 1 point of the best setting".
-    best = {"check": "within", "members": ["b"], "reference": ["a", "b", "c", "d"], "tolerance": 0.01}
+    best = {"check": "within", "members": ["b"], "against": ["a", "b", "c", "d"], "tolerance": 0.01}
     result = judge(best, table(a=0.80, b=0.865, c=0.87, d=0.60))
     assert result["verdict"] == SUPPORTED and result["detail"].startswith("b - c: supported")
     assert judge(best, table(a=0.80, b=0.85, c=0.87, d=0.60))["verdict"] == NOT_SUPPORTED
 
 
 def test_at_least_and_at_most_with_a_margin_or_a_fixed_value():
-    beats = {"check": "at_least", "members": ["d"], "reference": ["a"], "margin": 0.03}
+    beats = {"check": "at_least", "members": ["d"], "against": ["a"], "margin": 0.03}
     assert judge(beats, table(a=0.799, d=0.874))["verdict"] == SUPPORTED
     result = judge(beats, table(a=0.86, d=0.874))
     assert result["verdict"] == NOT_SUPPORTED
     assert "d - a: not supported: difference 1.4 ± 0.5 points (needs >= 3.0)" in result["detail"]
-    no_gain = {"check": "at_most", "members": ["c", "d"], "reference": ["b"], "margin": 0.01}
+    no_gain = {"check": "at_most", "members": ["c", "d"], "against": ["b"], "margin": 0.01}
     assert judge(no_gain, table(b=0.87, c=0.875, d=0.86))["verdict"] == SUPPORTED
     assert judge(no_gain, table(b=0.87, c=0.875, d=0.89))["verdict"] == NOT_SUPPORTED  # one member is enough
-    below = {"check": "at_most", "members": ["a"], "reference": ["b"], "margin": -0.01}
+    below = {"check": "at_most", "members": ["a"], "against": ["b"], "margin": -0.01}
     assert judge(below, table(a=0.85, b=0.87))["verdict"] == SUPPORTED
     assert judge(below, table(a=0.868, b=0.87))["verdict"] == NOT_SUPPORTED
     reproduces = {"check": "at_least", "members": ["b"], "value": 0.854}
@@ -122,12 +122,12 @@ def test_monotonic_allows_steps_back_up_to_the_tolerance():
 
 
 def test_missing_run_or_unmeasured_metric_is_not_enough_data():
-    criterion = {"check": "at_most", "members": ["c", "d"], "reference": ["b"]}
+    criterion = {"check": "at_most", "members": ["c", "d"], "against": ["b"]}
     result = judge(criterion, table(b=0.87, c=0.80))
     assert result["verdict"] == NO_DATA and result["detail"] == "no run in the table: d"
     result = judge(criterion, table(b=0.87, c=math.nan, d=0.8))
     assert result["verdict"] == NO_DATA and result["detail"] == "test_exact_accuracy not measured: c"
-    assert [result["summaries"][m]["n"] for m in ("c", "d", "b")] == [0, 3, 3]
+    assert [result["estimates"][m]["n"] for m in ("c", "d", "b")] == [0, 3, 3]
 
 
 def test_group_verdict_any_failure_fails_and_support_needs_every_criterion():
@@ -152,7 +152,7 @@ def test_best_is_one_of_takes_the_lowest_of_a_metric_where_lower_is_better():
 
 
 def test_an_effect_inside_the_noise_is_inconclusive_and_says_how_many_seeds_would_resolve_it():
-    criterion = {"check": "at_least", "members": ["d"], "reference": ["a"], "margin": 0.01}
+    criterion = {"check": "at_least", "members": ["d"], "against": ["a"], "margin": 0.01}
     clear = runs(a=[0.50, 0.53, 0.56], d=[0.60, 0.62, 0.64])
     assert judge(criterion, clear)["verdict"] == SUPPORTED
     noisy = runs(a=[0.50, 0.56, 0.53], d=[0.57, 0.63, 0.60])
@@ -163,11 +163,11 @@ def test_an_effect_inside_the_noise_is_inconclusive_and_says_how_many_seeds_woul
         r"would resolve a difference of this size",
         result["detail"],
     ), result["detail"]
-    assert [result["summaries"][m]["n"] for m in ("d", "a")] == [3, 3]
+    assert [result["estimates"][m]["n"] for m in ("d", "a")] == [3, 3]
 
 
 def test_a_metric_equal_for_every_run_is_no_signal_never_supported():
-    criterion = {"check": "at_most", "members": ["c", "d"], "reference": ["b"], "margin": 0.01}
+    criterion = {"check": "at_most", "members": ["c", "d"], "against": ["b"], "margin": 0.01}
     zeros = judge(criterion, runs(b=[0.0], c=[0.0], d=[0.0]))
     assert zeros["verdict"] == NO_SIGNAL and zeros["detail"] == "test_exact_accuracy is 0 for every run read"
     group = {**GROUP, "criteria": [{"text": "t", "metric": "test_exact_accuracy", **criterion}]}
@@ -178,18 +178,18 @@ def test_a_metric_equal_for_every_run_is_no_signal_never_supported():
 
 
 def test_single_runs_borrow_the_noise_floor_of_the_baselines_seeds_and_say_so():
-    criterion = {"check": "at_most", "members": ["c"], "reference": ["b"], "margin": -0.01}
+    criterion = {"check": "at_most", "members": ["c"], "against": ["b"], "margin": -0.01}
     results = runs(b=[0.55, 0.58, 0.61], c=[0.50])
     results["baseline"] = results["id"] == "b"
     result = judge(criterion, results)
-    assert result["summaries"]["c"]["n"] == 1 and result["summaries"]["c"]["source"] == FLOOR_AND_SAMPLING
-    assert result["summaries"]["b"]["source"] == SEEDS
+    assert result["estimates"]["c"]["n"] == 1 and result["estimates"]["c"]["source"] == FLOOR_AND_SAMPLING
+    assert result["estimates"]["b"]["source"] == SEEDS
     # The floor (sd 0.03, 2 degrees of freedom) makes c's interval far wider than its sampling alone.
-    assert result["summaries"]["c"]["high"] - result["summaries"]["c"]["low"] > 0.2
+    assert result["estimates"]["c"]["high"] - result["estimates"]["c"]["low"] > 0.2
     assert result["verdict"] == INCONCLUSIVE and "seeds per point would resolve" in result["detail"]
     # Without seeds anywhere, only the sampling interval is known: the spread is unknown and nothing is decided.
     alone = judge(criterion, runs(b=[0.58], c=[0.571]))
-    assert alone["summaries"]["c"]["source"] == SAMPLING_ONLY
+    assert alone["estimates"]["c"]["source"] == SAMPLING_ONLY
     assert "the seed spread is unknown" in alone["detail"]
 
 
@@ -210,7 +210,7 @@ def test_study_criteria_on_the_papers_figures():
     assert result["note"] == ""
     ema, depth = result["groups"]
     # One run each, no seeds: the whole split's sampling interval alone (about ±0.1 points), and the table says so.
-    assert ema["criteria"][0]["summaries"]["exp08a"]["source"] == SAMPLING_ONLY
+    assert ema["criteria"][0]["estimates"]["exp08a"]["source"] == SAMPLING_ONLY
     assert [c["verdict"] for c in ema["criteria"]] == [SUPPORTED, SUPPORTED]
     assert ema["verdict"] == SUPPORTED
     # exp03: (2, 6) beats (4, 3) as in the paper; which configuration is best needs all five.
@@ -306,7 +306,7 @@ def test_cli_writes_every_output_for_the_groups_in_the_table(tmp_path, capsys):
     written = json.loads((out / "verdicts.json").read_text())
     assert written["scale"] == "smoke" and [g["id"] for g in written["groups"]] == ["exp07"]
     accuracy, speed = written["groups"][0]["criteria"]
-    assert accuracy["verdict"] == NOT_SUPPORTED and accuracy["summaries"]["exp07b"]["n"] == 3
+    assert accuracy["verdict"] == NOT_SUPPORTED and accuracy["estimates"]["exp07b"]["n"] == 3
     assert accuracy["comparisons"][0]["a"] == "exp07b" and accuracy["comparisons"][0]["b"] == "exp07a"
     assert speed["verdict"] == SUPPORTED
     markdown = (out / "verdicts.md").read_text()

@@ -220,7 +220,7 @@ def test_an_experiment_can_run_on_its_own_accelerator_and_pool(workdir, tmp_path
     planned.write_jobs()
     jobs = {
         job.run.config["train"]["global_batch_size"]: job
-        for job in (read_job(planned.job_file(e)) for e in planned.runs())
+        for job in (read_job(planned.job_file(e)) for e in planned.distinct_runs())
     }
     assert (jobs[768].hosts, jobs[768].devices_per_host, jobs[768].tpu["slices"]) == (1, 4, ["trm-v4-8"])
     assert jobs[768].tpu["accelerator_type"] == "v4-8" and jobs[768].backend == "tpu-vm"

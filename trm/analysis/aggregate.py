@@ -11,7 +11,7 @@ OUTPUT.csv (one row per run: its experiment `id` (replicates EXP~sK of experimen
 `seed` and `run`), group, varied keys, config hash, seed, run id, `config_key` (the hash of the config without
 train.seed: equal for the replicates of one configuration, which the noise floor pools), `weights_sha256` (the
 summary's digest of its final weights) and `floor_only` (true for the runs given after --floor-only: a selection's
-table holds the study's reference set, whose seeds measure the noise floor, whether it selected them or not; its
+table holds the study's floor set, whose seeds measure the noise floor, whether it selected them or not; its
 verdicts and plots show only the others, trm/study/selection.py), then the metrics of trm/study/metrics.py's
 RUN_METRICS in that order, then the config keys the groups plot, then for each metric of SUMMARY_METRICS its
 experiment's mean, sd, n, 95% interval and the interval's source: columns {metric}_mean, _sd, _n, _low, _high,
@@ -188,10 +188,10 @@ def aggregate(
     table = pd.DataFrame(rows)
     # Imported here, not at the top: judge brings scipy (seconds to import), which only building a table needs, not
     # the readers of this module's table helpers.
-    from trm.analysis.judge import add_summaries, noise_floors, reference_ids
+    from trm.analysis.judge import add_estimates, floor_ids, noise_floors
 
-    floors = noise_floors(table, SUMMARY_METRICS, reference_ids(table), run_column="seed")
-    table = add_summaries(table, SUMMARY_METRICS, floors, test_puzzles)
+    floors = noise_floors(table, SUMMARY_METRICS, floor_ids(table), run_column="seed")
+    table = add_estimates(table, SUMMARY_METRICS, floors, test_puzzles)
     return (
         table,
         pd.DataFrame(curves, columns=CURVE_COLUMNS),
@@ -236,7 +236,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=[],
         metavar="ID",
-        help="runs of the study's reference set that the table holds only for the noise floor",
+        help="runs of the study's floor set that the table holds only for the noise floor",
     )
     parser.add_argument("--results", required=True, type=Path, help="results folder of one scale")
     parser.add_argument("--groups", required=True, type=Path, help="config/groups.yaml")

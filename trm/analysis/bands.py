@@ -2,12 +2,12 @@
 (table-curves.csv, x = epoch) or over test-time supervision steps (table-test-time.csv, x = steps). The plots draw
 it as a band around the experiment's mean line (trm/analysis/plots.py).
 
-At each x, an experiment's runs are summarised as the table summarises a final metric (uncertainty.summarize):
+At each x, an experiment's runs are summarised as the table summarises a final metric (uncertainty.estimate):
 over its seeds where it has 2 or more; where it has one, from the noise floor combined with the sampling interval
 over the puzzles that evaluation scored (its `count`: a training evaluation scores train.eval_subset puzzles, the
 test-time curve the workflow's test_time_subset). The noise floor of a point is measured at that x: the seed spread
-of the reference configurations (every group's baseline, the reference runs) at the same epoch or step count,
-pooled as the table pools it (judge.noise_floors). Where no reference configuration has 2 seeds at that x (an epoch
+of the floor configurations (every group's baseline, the reference runs) at the same epoch or step count,
+pooled as the table pools it (judge.noise_floors). Where no floor configuration has 2 seeds at that x (an epoch
 only a longer run reaches) the point has no floor, and its interval is the sampling interval alone, its source
 `sampling only`, as the table's would be.
 """
@@ -18,8 +18,8 @@ import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from trm.analysis.judge import noise_floors, reference_ids
-from trm.analysis.uncertainty import NoiseFloor, summarize
+from trm.analysis.judge import floor_ids, noise_floors
+from trm.analysis.uncertainty import NoiseFloor, estimate
 from trm.study.metrics import EVALUATED_PUZZLES, FRACTION_OF_CELLS, FRACTION_OF_PUZZLES, Metric
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 # are replicates of, the seed, and whether the run is a reference (a baseline, or a run of the reference group).
 RUN_COLUMNS = ("config_key", "seed", "baseline")
 # Units whose single run has a sampling interval over the puzzles scored; for cell accuracy the puzzle is still the
-# unit sampled (uncertainty.summarize).
+# unit sampled (uncertainty.estimate).
 SAMPLED_UNITS = (FRACTION_OF_PUZZLES, FRACTION_OF_CELLS)
 BAND_COLUMNS = ("id", "n", "mean", "low", "high", "source")
 
@@ -41,11 +41,11 @@ def _with_runs(points: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
 
 
 def floors_by_x(points: pd.DataFrame, table: pd.DataFrame, x: str, y: str) -> dict[float, NoiseFloor | None]:
-    """The noise floor of y at each x: over the reference configurations' seeds measured at that x. `points`:
+    """The noise floor of y at each x: over the seeds of the floor's configurations (`floor_ids`) measured at that x. `points`:
     every group's rows (each group's baseline measures it); `table`: the runs table, one row per run."""
     joined = _with_runs(points, table)
-    references = reference_ids(joined)
-    return {value: noise_floors(rows, [y], references)[y] for value, rows in joined.groupby(x)}
+    floor = floor_ids(joined)
+    return {value: noise_floors(rows, [y], floor)[y] for value, rows in joined.groupby(x)}
 
 
 def _puzzles(rows: pd.DataFrame) -> int:
@@ -53,7 +53,7 @@ def _puzzles(rows: pd.DataFrame) -> int:
     return int(rows[EVALUATED_PUZZLES.key].min())
 
 
-def point_summaries(
+def point_estimates(
     points: pd.DataFrame, table: pd.DataFrame, x: str, metric: Metric, ids: Iterable[str]
 ) -> pd.DataFrame:
     """One row per experiment of `ids` and x where it was measured: the number of runs n, the mean and 95% interval
@@ -65,9 +65,9 @@ def point_summaries(
     sampled = metric.unit in SAMPLED_UNITS
     rows = []
     for (exp, value), at in points[points["id"].isin(list(ids))].groupby(["id", x], sort=True):
-        summary = summarize(at[y], floors.get(value), _puzzles(at) if sampled else None)
-        if summary.n == 0 or math.isnan(summary.mean):
+        point = estimate(at[y], floors.get(value), _puzzles(at) if sampled else None)
+        if point.n == 0 or math.isnan(point.mean):
             continue
-        fields = (summary.n, summary.mean, summary.low, summary.high, summary.source)
+        fields = (point.n, point.mean, point.low, point.high, point.source)
         rows.append({"id": exp, x: value, **dict(zip(BAND_COLUMNS[1:], fields, strict=True))})
     return pd.DataFrame(rows, columns=[BAND_COLUMNS[0], x, *BAND_COLUMNS[1:]])

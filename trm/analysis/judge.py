@@ -4,13 +4,13 @@ criterion reads excludes the other outcome, `inconclusive` (with the difference,
 point that would resolve it) otherwise, `no signal` when the metric is the same for every run read, `not enough
 data` when a member has no measured run. docs/statistics.md explains the rule.
 
-The check kinds as claims about differences (d = member - reference, each member judged, all must hold):
+The check kinds as claims about differences (d = member - the compared, each member judged, all must hold):
     at_least        d >= margin                         at_most    d <= margin
     within          |d| <= tolerance                    monotonic  each step against `direction` <= tolerance
     best_is_one_of  some candidate is clearly at least every other member (not supported: some other member is
                     clearly above every candidate); at most and below where lower is better (trm/study/metrics.py)
-A reference of several members is the one with the highest mean (its selection is not corrected for), other than
-the member judged: a criterion never compares a member with itself. A member of its own reference is judged
+Compared `against` several members, a member is compared with the one of highest mean (its selection is not
+corrected for) other than itself: a criterion never compares a member with itself. A member of its own `against` is judged
 against the highest of the others, and `within` then reads "at most tolerance below it" (d >= -tolerance): a
 member above every other is within 0 of the highest, itself.
 Two members whose runs are the same runs (every run of one has a run of the other with the same trained weights,
@@ -34,21 +34,21 @@ from trm.analysis.uncertainty import (
     NOT_SUPPORTED,
     SUPPORTED,
     WITHIN,
+    Estimate,
     Judgement,
     NoiseFloor,
-    Summary,
+    estimate,
     judge,
     no_effect,
     no_signal,
     noise_floor,
-    summarize,
 )
 from trm.study.groups import REFERENCE_GROUP
 from trm.study.metrics import CELL_FALLBACK, RUN_METRICS
 from trm.study.scale import scale_of
 
 # The metrics with a single run's sampling interval, and the column of a run's sd over the puzzles for those that
-# are means of a per-puzzle fraction: the interval comes from it (uncertainty.summarize), Wilson's where it is empty.
+# are means of a per-puzzle fraction: the interval comes from it (uncertainty.estimate), Wilson's where it is empty.
 TEST_FRACTIONS = tuple(key for key, metric in RUN_METRICS.items() if metric.sampled_over_test_split)
 PUZZLE_SD_COLUMNS = {key: metric.puzzle_sd for key, metric in RUN_METRICS.items() if metric.puzzle_sd}
 POINT = 0.01  # accuracies are fractions; differences of them are read in points
@@ -115,7 +115,7 @@ def _floats(values) -> list[float]:
     return [math.nan if v is None else float(v) for v in values]
 
 
-def reference_ids(table) -> list[str]:
+def floor_ids(table) -> list[str]:
     """The experiments whose seeds measure the noise floor: every group's baseline and every reference run (rows
     of `trm aggregate`'s table with `baseline` true or group `reference`)."""
     chosen = table["baseline"].astype(bool) | (table["group"] == REFERENCE_GROUP)
@@ -123,21 +123,21 @@ def reference_ids(table) -> list[str]:
 
 
 def noise_floors(
-    table, metrics: Sequence[str], reference_ids: Sequence[str], run_column: str = "seed"
+    table, metrics: Sequence[str], experiments: Sequence[str], run_column: str = "seed"
 ) -> dict[str, NoiseFloor | None]:
-    """Each metric's noise floor, pooled over the distinct configurations of the reference experiments (the
-    baselines, the reference runs) that have 2 or more seeds; None for a metric no such configuration measured."""
+    """Each metric's noise floor, pooled over the distinct configurations of `experiments` (`floor_ids`: the
+    baselines and the reference runs) that have 2 or more seeds; None for a metric no such configuration measured."""
     return {
-        m: noise_floor(samples_by_configuration(table, m, reference_ids, run_column=run_column))
+        m: noise_floor(samples_by_configuration(table, m, experiments, run_column=run_column))
         for m in metrics
     }
 
 
-# Per metric, the columns add_summaries writes: {metric}_mean, _sd, _n, _low, _high, _interval (the source).
+# Per metric, the columns add_estimates writes: {metric}_mean, _sd, _n, _low, _high, _interval (the source).
 SUMMARY_FIELDS = {"mean": "mean", "sd": "sd", "n": "n", "low": "low", "high": "high", "interval": "source"}
 
 
-def add_summaries(
+def add_estimates(
     table,
     metrics: Sequence[str],
     floors: Mapping[str, NoiseFloor | None],
@@ -150,12 +150,12 @@ def add_summaries(
     for metric in metrics:
         puzzles = sampling_puzzles(metric, test_puzzles)
         sds = puzzle_sds(table, metric, id_column)
-        summaries = {
-            k: summarize(v, floors.get(metric), puzzles, sds.get(k))
+        estimates = {
+            k: estimate(v, floors.get(metric), puzzles, sds.get(k))
             for k, v in samples_by_experiment(table, metric, id_column).items()
         }
         for suffix, field in SUMMARY_FIELDS.items():
-            out[f"{metric}_{suffix}"] = [getattr(summaries[str(k)], field) for k in out[id_column]]
+            out[f"{metric}_{suffix}"] = [getattr(estimates[str(k)], field) for k in out[id_column]]
     return out
 
 
@@ -174,7 +174,7 @@ def needed_members(criterion: dict, group: dict) -> list[str]:
     """The members whose metric the criterion reads (every member for best_is_one_of)."""
     if criterion["check"] == "best_is_one_of":
         return list(group["members"])
-    return list(dict.fromkeys(criterion["members"] + criterion.get("reference", [])))
+    return list(dict.fromkeys(criterion["members"] + criterion.get("against", [])))
 
 
 def same_runs(a: Sequence[tuple], b: Sequence[tuple]) -> bool:
@@ -191,22 +191,22 @@ class _Judge:
     """Judges a - b for two members, or a member against a fixed figure; `runs`: each member's (weights digest,
     value) per run, to tell that two members' runs are the same (same_runs)."""
 
-    def __init__(self, summaries: dict[str, Summary], runs: Mapping[str, Sequence[tuple]]) -> None:
-        self.summaries = summaries
+    def __init__(self, estimates: dict[str, Estimate], runs: Mapping[str, Sequence[tuple]]) -> None:
+        self.estimates = estimates
         self.runs = runs
 
     def __call__(self, claim: str, bound: float, a: str, b: str | float) -> Judgement:
         if isinstance(b, float):
-            return judge(claim, bound, self.summaries[a], b)
+            return judge(claim, bound, self.estimates[a], b)
         if same_runs(self.runs.get(a, ()), self.runs.get(b, ())):
             return no_effect(claim, bound)
-        return judge(claim, bound, self.summaries[a], self.summaries[b])
+        return judge(claim, bound, self.estimates[a], self.estimates[b])
 
 
 def compare(criterion: dict, judged: _Judge) -> list[tuple[str, str, Judgement]]:
     """(a, b, judgement of a - b) for every difference the criterion reads, in the criterion's order; never a
     member against itself (the module docstring). `judged(claim, bound, a, b)` judges one (trm.analysis.power
-    passes its own, to plan the same differences); `judged.summaries` give the means that pick a reference."""
+    passes its own, to plan the same differences); `judged.estimates` give the means that pick the compared member."""
     kind = criterion["check"]
     if kind == "monotonic":
         tolerance = criterion.get("tolerance", 0)
@@ -221,10 +221,10 @@ def compare(criterion: dict, judged: _Judge) -> list[tuple[str, str, Judgement]]
         return [(a, f"{value:g}", judged(claim, bound, a, value)) for a in criterion["members"]]
     compared = []
     for a in criterion["members"]:
-        others = [m for m in criterion["reference"] if m != a]
-        b = max(others, key=lambda m: judged.summaries[m].mean)
-        # A member of its own reference: within the tolerance of the highest of the others, or above it.
-        own = claim == WITHIN and a in criterion["reference"]
+        others = [m for m in criterion["against"] if m != a]
+        b = max(others, key=lambda m: judged.estimates[m].mean)
+        # A member of its own `against` list: within the tolerance of the highest of the others, or above it.
+        own = claim == WITHIN and a in criterion["against"]
         compared.append((a, b, judged(AT_LEAST, -bound, a, b) if own else judged(claim, bound, a, b)))
     return compared
 
@@ -260,7 +260,7 @@ def _plain(x):
     return x if not isinstance(x, float) or math.isfinite(x) else None
 
 
-def _summary(s: Summary) -> dict:
+def _estimate_record(s: Estimate) -> dict:
     return {
         "mean": _plain(s.mean),
         "sd": _plain(s.sd),
@@ -304,21 +304,21 @@ def judge_criterion(
     value per seed; `floor`: the metric's noise floor; `test_puzzles`: the test split's size, for the sampling
     interval of single runs; `sds`: a one-run member's per-puzzle sd of the metric, `puzzle_sds`; `weights`: the
     weight digests of each member's runs, in the order of `samples`, `weights_by_experiment`). Returns verdict,
-    detail (one line), the summaries of the members read and every difference judged, as plain data
+    detail (one line), the estimates of the members read and every difference judged, as plain data
     (JSON-ready)."""
     metric = criterion["metric"]
     members = needed_members(criterion, group)
     puzzles = sampling_puzzles(metric, test_puzzles)
     sds = sds or {}
-    summaries = {m: summarize(samples.get(m, ()), floor, puzzles, sds.get(m)) for m in members}
+    estimates = {m: estimate(samples.get(m, ()), floor, puzzles, sds.get(m)) for m in members}
     runs = {m: list(zip(weights[m], samples[m], strict=True)) for m in members if weights and m in weights}
-    judged = _Judge(summaries, runs)
+    judged = _Judge(estimates, runs)
     result = {
         "metric": metric,
-        "summaries": {m: _summary(s) for m, s in summaries.items()},
+        "estimates": {m: _estimate_record(s) for m, s in estimates.items()},
         "comparisons": [],
     }
-    missing = [m for m, s in summaries.items() if s.n == 0]
+    missing = [m for m, s in estimates.items() if s.n == 0]
     if missing:
         return {**result, "verdict": NO_DATA, "detail": f"{metric} not measured: {', '.join(missing)}"}
     if criterion["check"] == "best_is_one_of":
@@ -327,7 +327,7 @@ def judge_criterion(
         compared = compare(criterion, judged)
         verdict = _all_of(compared)
     if verdict != NO_EFFECT and no_signal(samples[m] for m in members):
-        value = summaries[members[0]].mean
+        value = estimates[members[0]].mean
         return {**result, "verdict": NO_SIGNAL, "detail": f"{metric} is {value:g} for every run read"}
     unit, unit_name = (POINT, "points") if is_fraction(metric) else (1.0, "")
     undecided = [c for c in compared if c[2].verdict == INCONCLUSIVE]

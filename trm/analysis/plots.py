@@ -36,7 +36,7 @@ from trm.analysis.aggregate import (
     read_table,
     selected_runs,
 )
-from trm.analysis.bands import point_summaries
+from trm.analysis.bands import point_estimates
 from trm.analysis.uncertainty import SEEDS
 from trm.errors import UserError
 from trm.study.groups import REFERENCE_GROUP, load_groups
@@ -272,9 +272,9 @@ def _lines(
 
     y = metric.key
     ref_ids = list(dict.fromkeys(refs["id"]))
-    summaries = point_summaries(points, table, x, metric, [*group["members"], *ref_ids])
+    estimates = point_estimates(points, table, x, metric, [*group["members"], *ref_ids])
     for member in [*ref_ids, *group["members"]]:
-        band = summaries[summaries["id"] == member]
+        band = estimates[estimates["id"] == member]
         if band.empty:
             continue
         is_base, is_ref = member == group["baseline"], member in ref_ids

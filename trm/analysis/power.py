@@ -3,11 +3,11 @@ scales that decide the hypotheses (paper, mini). docs/statistics.md, "Power befo
 its assumptions. For each criterion of config/groups.yaml whose members the plan holds:
 
 - σ, the seed spread of its metric (the sd of one run over seeds): the verdicts' own noise floor (the pooled sd of
-  the reference configurations' seeds) in the newest results table of the mini scale that measures one, unless
+  the floor configurations' seeds) in the newest results table of the mini scale that measures one, unless
   those runs sit within SQUEEZED of the metric's ceiling or floor; else PUBLIC_SEED_SD. A metric with neither (a speed, a count of epochs or steps: spread by hardware and schedule, not
   by seed alone) is not assessed;
-- each point as the verdicts will summarize it (uncertainty.summarize): n >= 2 seeds whose sample sd is exactly σ,
-  or one run with the planned noise floor (σ, at the degrees of freedom the planned reference seeds give) and its
+- each point as the verdicts will estimate it (uncertainty.estimate): n >= 2 seeds whose sample sd is exactly σ,
+  or one run with the planned noise floor (σ, at the degrees of freedom the planned floor seeds give) and its
   sampling interval at its widest (50% accuracy);
 - each difference the criterion reads (judge.compare: the verdicts' own list) with its interval
   (uncertainty.difference);
@@ -36,9 +36,9 @@ from trm.analysis.aggregate import RUN_TABLE_COLUMNS, read_table
 from trm.analysis.judge import (
     POINT,
     compare,
+    floor_ids,
     is_fraction,
     needed_members,
-    reference_ids,
     samples_by_configuration,
     sampling_puzzles,
 )
@@ -46,12 +46,12 @@ from trm.analysis.uncertainty import (
     POWER,
     SLACK,
     WITHIN,
+    Estimate,
     NoiseFloor,
-    Summary,
     achieved_power,
     difference,
+    estimate,
     noise_floor,
-    summarize,
 )
 from trm.errors import UserError
 from trm.study.groups import REFERENCE_GROUP, load_groups
@@ -74,9 +74,9 @@ PUBLIC_SOURCE = (
 RESOLUTION = (
     POINT  # the claims' precision (margins of 1 to 3 points): what a criterion without a bound must resolve
 )
-# A spread measured where the reference runs sit at a fraction's ceiling or floor is squeezed by it (the mini
+# A spread measured where the noise-floor runs sit at a fraction's ceiling or floor is squeezed by it (the mini
 # baseline's 3 seeds at 99.6 to 99.7%: sd 0.06 points), and says nothing of a recipe near the middle: not used.
-SQUEEZED = 0.05  # a reference mean within this of 0 or 1
+SQUEEZED = 0.05  # their mean within this of 0 or 1
 SEEDS_LIMIT = 200  # the most seeds per point looked for
 WORST_ACCURACY = 0.5  # where one run's sampling interval is widest
 
@@ -111,7 +111,7 @@ class Assessment:
 
 def seed_spread(results_root: str, metric: str) -> Spread | None:
     """The seed spread a plan assumes for `metric`: the noise floor the verdicts would pool from the newest table of
-    results_root/mini that measures one (unless its reference runs are squeezed at the ceiling or floor), else the
+    results_root/mini that measures one (unless its noise-floor runs are squeezed at the ceiling or floor), else the
     public figure; None for a metric that is not a fraction, or has neither."""
     if not is_fraction(metric):
         return None
@@ -123,31 +123,31 @@ def seed_spread(results_root: str, metric: str) -> Spread | None:
             continue
         if metric not in table:
             continue
-        samples = samples_by_configuration(table, metric, reference_ids(table))
+        samples = samples_by_configuration(table, metric, floor_ids(table))
         if not (floor := noise_floor(samples)):  # as judge.noise_floors pools it
             continue
         mean = sum(v for runs in samples.values() for v in runs) / sum(len(runs) for runs in samples.values())
         if min(mean, 1 - mean) < SQUEEZED:
-            squeezed = f"; the mini scale's reference runs in {path} sit at {mean:.1%}, where their spread is squeezed"
+            squeezed = f"; the mini scale's noise-floor runs in {path} sit at {mean:.1%}, where their spread is squeezed"
             break
-        return Spread(floor.sd, f"measured: {floor.runs} seeds of the reference runs in {path}")
+        return Spread(floor.sd, f"measured: {floor.runs} seeds of the noise-floor runs in {path}")
     if metric in PUBLIC_SEED_SD:
         return Spread(PUBLIC_SEED_SD[metric], PUBLIC_SOURCE + squeezed)
     return None
 
 
 @functools.cache
-def planned_summary(seeds: int, sd: float, floor_df: int, puzzles: int | None) -> Summary | None:
+def planned_estimate(seeds: int, sd: float, floor_df: int, puzzles: int | None) -> Estimate | None:
     """A point of `seeds` runs as the verdicts will summarize it, the runs' sample sd exactly `sd`; one run borrows
     a noise floor of `sd` measured at `floor_df` degrees of freedom. None for one run without a floor (floor_df 0):
     the verdicts would judge it on its sampling interval alone, blind to the seed spread."""
     if seeds == 1:
         if floor_df < 1:
             return None
-        return summarize([WORST_ACCURACY], NoiseFloor(sd, floor_df, floor_df + 1, ("planned",)), puzzles)
+        return estimate([WORST_ACCURACY], NoiseFloor(sd, floor_df, floor_df + 1, ("planned",)), puzzles)
     centred = [i - (seeds - 1) / 2 for i in range(seeds)]
     scale = sd / math.sqrt(sum(c * c for c in centred) / (seeds - 1))
-    return summarize([WORST_ACCURACY + c * scale for c in centred])
+    return estimate([WORST_ACCURACY + c * scale for c in centred])
 
 
 class _Reader:
@@ -156,7 +156,7 @@ class _Reader:
     its verdict needs."""
 
     def __init__(self, members: list[str]) -> None:
-        self.summaries = {m: SimpleNamespace(mean=0.0) for m in members}  # compare reads only the means
+        self.estimates = {m: SimpleNamespace(mean=0.0) for m in members}  # compare reads only the means
         self.read: list[tuple[str, str | float]] = []
         self.conditions = 0
 
@@ -198,7 +198,7 @@ def detectable_difference(
     power = 1 - (1 - POWER) / max(conditions, 1)
     worst = 0.0
     for a, b in read:
-        sides = [planned_summary(seeds[m], sd, floor_df, puzzles) for m in (a, b) if isinstance(m, str)]
+        sides = [planned_estimate(seeds[m], sd, floor_df, puzzles) for m in (a, b) if isinstance(m, str)]
         if None in sides:
             return math.inf
         d = difference(sides[0], sides[1] if len(sides) == 2 else 0.0)
@@ -243,7 +243,7 @@ def resolution_of(criterion: dict) -> float:
 
 def planned_floor_df(study: Study, groups: list[dict]) -> int:
     """The degrees of freedom of the noise floor the plan will measure: sum(n - 1) over the distinct configurations
-    of the reference experiments (every group's baseline, the reference runs) with 2 or more seeds."""
+    of the floor experiments (every group's baseline, the reference runs) with 2 or more seeds."""
     baselines = {g["baseline"] for g in groups}
     seeds: dict[str, set[int]] = {}
     for exp in study.plan.values():

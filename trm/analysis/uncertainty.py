@@ -1,15 +1,15 @@
-"""How sure the study can be of a figure: per-experiment summaries over seeds, the noise floor, the interval of a
+"""How sure the study can be of a figure: per-experiment estimates over seeds, the noise floor, the interval of a
 difference between two experiments, a claim about that difference judged against it, and the seeds per point a
 claim would need. docs/statistics.md explains the choices; trm.analysis.judge applies them to the criteria of
 config/groups.yaml.
 
 Every interval is two-sided at CONFIDENCE (95%):
 - an experiment with n >= 2 seeds: the mean +- a Student t quantile (n - 1 degrees of freedom) x sd / sqrt(n);
-- an experiment with one run: the noise floor (the pooled seed standard deviation of the reference configuration,
+- an experiment with one run: the noise floor (the pooled seed standard deviation of the floor configuration,
   its own degrees of freedom) combined with the sampling interval over the test puzzles when the metric is a
   fraction of them: from the run's per-puzzle standard deviation for a mean of per-puzzle fractions (cell
   accuracy: t interval, puzzles - 1 degrees of freedom), else the Wilson interval; either alone when the other is
-  missing. `Summary.source` says which.
+  missing. `Estimate.source` says which.
 A difference adds the variances of the two means (Welch), its degrees of freedom by Welch-Satterthwaite.
 """
 
@@ -28,7 +28,7 @@ MAX_USEFUL_SEEDS = 20
 # Accuracies are ratios of puzzle counts: 0.87 - 0.86 must count as equal to a margin of 0.01.
 SLACK = 1e-9
 
-# Where an interval came from (Summary.source). The sampling interval of one run is Wilson's (a binomial over the
+# Where an interval came from (Estimate.source). The sampling interval of one run is Wilson's (a binomial over the
 # puzzles: exact accuracy, or cell accuracy without a recorded per-puzzle sd) or the t interval of its per-puzzle sd.
 SEEDS = "seeds"
 FLOOR_AND_SAMPLING = "noise floor + sampling (Wilson)"
@@ -112,7 +112,7 @@ def noise_floor(samples: dict[str, Sequence[float]]) -> NoiseFloor | None:
 
 
 @dataclass(frozen=True)
-class Summary:
+class Estimate:
     """One experiment's metric over its runs. `components` are the (variance, degrees of freedom, shared) terms
     whose sum is the variance of `mean`; a difference combines them (Welch-Satterthwaite). `shared` is the noise
     floor a term was estimated from (None for a term of this experiment's own): two runs judged against the same
@@ -140,12 +140,12 @@ def _finite(values: Iterable[float]) -> np.ndarray:
     return array[np.isfinite(array)]
 
 
-def summarize(
+def estimate(
     values: Iterable[float],
     floor: NoiseFloor | None = None,
     puzzles: int | None = None,
     puzzle_sd: float | None = None,
-) -> Summary:
+) -> Estimate:
     """Mean, sd, n and 95% interval of one experiment's runs (NaN or None values are not measured).
     `puzzles`: the test puzzles the metric is a fraction of (exact or cell accuracy), for the sampling interval
     of a single run; None for other metrics. For cell accuracy the puzzle, not the cell, is the unit sampled (cells
@@ -156,12 +156,12 @@ def summarize(
     runs = _finite(values)
     n = len(runs)
     if n == 0:
-        return Summary(math.nan, math.nan, 0, math.nan, math.nan, NO_INTERVAL)
+        return Estimate(math.nan, math.nan, 0, math.nan, math.nan, NO_INTERVAL)
     mean = float(runs.mean())
     if n >= 2:
         sd = float(runs.std(ddof=1))
         half = t_quantile(n - 1) * sd / math.sqrt(n)
-        return Summary(mean, sd, n, mean - half, mean + half, SEEDS, ((sd * sd / n, n - 1, None),))
+        return Estimate(mean, sd, n, mean - half, mean + half, SEEDS, ((sd * sd / n, n - 1, None),))
     components, below, above = [], [], []
     if floor is not None:
         components.append((floor.sd**2, floor.df, floor))
@@ -185,12 +185,12 @@ def summarize(
         (floor is not None, bool(puzzles)), NO_INTERVAL
     )
     if not components:
-        return Summary(mean, math.nan, 1, math.nan, math.nan, source)
+        return Estimate(mean, math.nan, 1, math.nan, math.nan, source)
     # The two half-widths add in quadrature on each side; a Wilson side keeps its asymmetry near 0 and 1.
     low, high = mean - math.hypot(*below), mean + math.hypot(*above)
     if puzzles:
         low, high = max(low, 0.0), min(high, 1.0)
-    return Summary(mean, math.nan, 1, low, high, source, tuple(components))
+    return Estimate(mean, math.nan, 1, low, high, source, tuple(components))
 
 
 @dataclass(frozen=True)
@@ -208,13 +208,13 @@ class Difference:
         return (self.high - self.low) / 2
 
 
-def difference(a: Summary, b: Summary | float) -> Difference:
+def difference(a: Estimate, b: Estimate | float) -> Difference:
     """The difference of two experiments' means (b may be a fixed number, e.g. the paper's figure), with the
     Welch interval: variances of the means add, degrees of freedom by Welch-Satterthwaite. A one-run side
     contributes the noise floor and its sampling variance (conservative: both runs saw the same puzzles, which
     makes their sampling errors correlate and the true variance of the difference smaller)."""
-    sides = [a] + ([b] if isinstance(b, Summary) else [])
-    value = a.mean - (b.mean if isinstance(b, Summary) else float(b))
+    sides = [a] + ([b] if isinstance(b, Estimate) else [])
+    value = a.mean - (b.mean if isinstance(b, Estimate) else float(b))
     if any(not side.components for side in sides):  # one run with no floor and no sampling: unknown
         return Difference(value, math.inf, math.nan, -math.inf, math.inf)
     terms = [term for side in sides for term in side.components]
@@ -367,13 +367,13 @@ def no_effect(claim: str, bound: float) -> Judgement:
     return Judgement(NO_EFFECT, claim, bound, unmeasured)
 
 
-def judge(claim: str, bound: float, a: Summary, b: Summary | float) -> Judgement:
+def judge(claim: str, bound: float, a: Estimate, b: Estimate | float) -> Judgement:
     """The claim `a - b >= bound` (AT_LEAST), `a - b <= bound` (AT_MOST) or `|a - b| <= bound` (WITHIN) judged on
     the 95% interval of a - b; when inconclusive, the seeds per point that would give 80% power at the observed
     difference's distance from the bound, with the per-run spread of the two sides (their mean variance)."""
     d = difference(a, b)
     verdict = decide(claim, bound, d)
-    sides = [a] + ([b] if isinstance(b, Summary) else [])
+    sides = [a] + ([b] if isinstance(b, Estimate) else [])
     spreads = [s.spread for s in sides]
     spread = None if None in spreads else math.sqrt(sum(s * s for s in spreads) / len(spreads))
     judgement = Judgement(verdict, claim, bound, d, spread=spread)

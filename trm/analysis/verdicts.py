@@ -10,10 +10,10 @@ the given groups, or every group with a run in the table. A criterion is `suppor
 the 95% interval of every difference it reads excludes the other outcome; `inconclusive` otherwise (with the
 difference, its half-width and the seeds per point that would resolve it); `no signal` when its metric is the
 same for every run it reads; `not enough data` when a member it needs has no row or did not measure the metric
-(NaN); `no effect at this scale` when the runs of a member it compares are the same runs as its reference's
-(the table's weights_sha256 and the same value: the treatment did not act). Single runs borrow the noise floor
+(NaN); `no effect at this scale` when the runs of a member it compares are the same runs as those it is compared
+with (the table's weights_sha256 and the same value: the treatment did not act). Single runs borrow the noise floor
 measured on the seeds of the baselines and reference runs, and accuracies their sampling interval over the test
-split's `--test-puzzles`. Rows marked `floor_only` (a selection's table holds the study's reference set for the
+split's `--test-puzzles`. Rows marked `floor_only` (a selection's table holds the study's floor set for the
 floor, trm/study/selection.py) measure the floor and are judged in no criterion. A group is not supported when any
 criterion is not, supported when all are, lacks data when any criterion does, has no signal when none of its
 criteria has any, has no effect at this scale when its criteria have no signal or no effect, and is inconclusive
@@ -36,12 +36,12 @@ from trm import storage
 from trm.analysis.aggregate import RUN_TABLE_COLUMNS, read_table, selected_runs
 from trm.analysis.judge import (
     PUZZLE_SD_COLUMNS,
+    floor_ids,
     judge_criterion,
     judged_metric,
     needed_members,
     noise_floors,
     puzzle_sds,
-    reference_ids,
     samples_by_experiment,
     weights_by_experiment,
 )
@@ -86,7 +86,7 @@ def evaluate_criterion(
             "metric": metric,
             "verdict": NO_DATA,
             "detail": f"no run in the table: {', '.join(absent)}",
-            "summaries": {},
+            "estimates": {},
             "comparisons": [],
         }
     samples = samples_by_experiment(table, metric)
@@ -167,7 +167,7 @@ def judge_groups(
     if absent:
         raise UserError(f"{source} has no column {', '.join(absent)} (is it `trm aggregate`'s table?)")
     _check_numbers(table, metrics + sds, source)
-    floors = noise_floors(table, metrics, reference_ids(table))
+    floors = noise_floors(table, metrics, floor_ids(table))
     judged = selected_runs(table)
     return {
         "scale": scale,
@@ -187,17 +187,17 @@ def outcome_counts(verdicts: list[str]) -> str:
 def _points(criterion: dict) -> str:
     """Each member read: its mean, n and interval, with the sources of the intervals: 'a 0.39 [0.21, 0.57] (n=1),
     ...; intervals: sampling only'."""
-    summaries = criterion["summaries"]
-    if not summaries:
+    estimates = criterion["estimates"]
+    if not estimates:
         return ""
     parts = []
-    for member, s in summaries.items():
+    for member, s in estimates.items():
         interval = (
             f" [{s['low']:.3g}, {s['high']:.3g}]" if s["low"] is not None and s["high"] is not None else ""
         )
         mean = "not measured" if s["mean"] is None else f"{s['mean']:.3g}"
         parts.append(f"{member} {mean}{interval} (n={s['n']})")
-    sources = ", ".join(dict.fromkeys(s["source"] for s in summaries.values()))
+    sources = ", ".join(dict.fromkeys(s["source"] for s in estimates.values()))
     return f"{'; '.join(parts)}; intervals: {sources}"
 
 

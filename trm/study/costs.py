@@ -39,7 +39,7 @@ from trm.study.estimate import (
     training_steps,
 )
 from trm.study.measured import Measurements, finished_runs, step_key
-from trm.study.plan import Experiment, experiment_of
+from trm.study.plan import PlannedRun, experiment_of
 
 # The compiled figures kept in the repository (the plan of a fresh clone, which has compiled nothing, uses them).
 COMPILED_FIGURES = "config/compiled"
@@ -60,7 +60,7 @@ class PlannedStudy(Protocol):
     results: str
     experiments_dir: str
     compiled_dir: str
-    plan: dict[str, Experiment]
+    plan: dict[str, PlannedRun]
     floor_only: list[str]
     references: list[str]
     selected_groups: list[str]
@@ -69,7 +69,7 @@ class PlannedStudy(Protocol):
     test_time_steps: list[int]
     test_time_subset: int | None
 
-    def runs(self) -> list[str]: ...
+    def distinct_runs(self) -> list[str]: ...
     def first_with_same_run(self, exp_id: str) -> str: ...
     def job_launch(self, exp_id: str | None) -> dict: ...
     def job_devices(self, exp_id: str | None) -> int: ...
@@ -236,11 +236,11 @@ class Costs:
         parts = [f"{counts[source]} {self._source_words(source)}" for source in order if counts[source]]
         return f"{parts[0].replace(' ', ' runs ', 1)}, {', '.join(parts[1:])}"
 
-    def summary(self) -> str:
+    def plan_text(self) -> str:
         """The study's line of the dry run, then the hours of the runs left to train, and how a local study's
         estimate compares with the last table's measured wall time."""
         study = self.study
-        runs = study.runs()
+        runs = study.distinct_runs()
         todo = [first for first in runs if study.plan[first].hash not in self.finished]
         references = f" and {len(study.references)} reference" if study.references else ""
         experiments = sum(not exp.replicate for exp in study.plan.values() if exp.id not in study.floor_only)

@@ -36,13 +36,13 @@ CRITERION_FIELDS = ("text", "check", "metric", "members")
 # Check kind -> (fields it requires, fields it allows) besides CRITERION_FIELDS. The checks themselves are
 # trm.analysis.verdicts.CHECKS; config/groups.yaml's header says what each one means.
 CHECK_FIELDS = {
-    "within": (("tolerance",), ("reference", "value")),
-    "at_least": ((), ("reference", "value", "margin")),
-    "at_most": ((), ("reference", "value", "margin")),
+    "within": (("tolerance",), ("against", "value")),
+    "at_least": ((), ("against", "value", "margin")),
+    "at_most": ((), ("against", "value", "margin")),
     "best_is_one_of": ((), ()),
     "monotonic": (("direction",), ("tolerance",)),
 }
-COMPARISONS = ("within", "at_least", "at_most")  # compare members with a `reference` or a `value`
+COMPARISONS = ("within", "at_least", "at_most")  # compare members with others (`against`) or a `value`
 DIRECTIONS = ("increasing", "decreasing")
 
 
@@ -76,6 +76,7 @@ def _criterion_errors(criterion, where: str, members: list[str]) -> list[str]:
     errors += [f"{where}: missing field {f!r} for check {kind!r}" for f in required if f not in criterion]
     errors += [
         f"{where}: unknown field {f!r} for check {kind!r} (allowed: {', '.join(allowed)})"
+        + ("; 'reference' is now called 'against'" if f == "reference" else "")
         for f in criterion
         if f not in allowed
     ]
@@ -91,7 +92,7 @@ def _criterion_errors(criterion, where: str, members: list[str]) -> list[str]:
             f"{where}: check 'best_is_one_of' needs a metric with a better direction; "
             f"{criterion['metric']!r} has none (trm/study/metrics.py)"
         )
-    for field in ("members", "reference"):
+    for field in ("members", "against"):
         if field not in criterion:
             continue
         listed = criterion[field]
@@ -101,15 +102,15 @@ def _criterion_errors(criterion, where: str, members: list[str]) -> list[str]:
         errors += [
             f"{where}: {field}: {m!r} is not a member of the group" for m in listed if m not in members
         ]
-    if isinstance(criterion.get("reference"), list) and isinstance(criterion["members"], list):
+    if isinstance(criterion.get("against"), list) and isinstance(criterion["members"], list):
         errors += [  # a criterion never compares a member with itself (trm/analysis/judge.py)
-            f"{where}: reference: {m!r} would be compared with itself only; name another member"
+            f"{where}: against: {m!r} would be compared with itself only; name another member"
             for m in criterion["members"]
-            if criterion["reference"] and set(criterion["reference"]) <= {m}
+            if criterion["against"] and set(criterion["against"]) <= {m}
         ]
-    if kind in COMPARISONS and ("reference" in criterion) == ("value" in criterion):
+    if kind in COMPARISONS and ("against" in criterion) == ("value" in criterion):
         errors.append(
-            f"{where}: check {kind!r} needs exactly one of 'reference' (members) or 'value' (a number)"
+            f"{where}: check {kind!r} needs exactly one of 'against' (members) or 'value' (a number)"
         )
     for field in ("value", "margin", "tolerance"):
         if field in criterion and not _is_number(criterion[field]):
@@ -144,20 +145,20 @@ def describe(criterion: dict) -> str:
         tolerance = format_number(criterion.get("tolerance", 0))
         return f"over {members}, in this order, it never {wrong_way} by more than {tolerance}"
     if "value" in criterion:
-        reference = format_number(criterion["value"])
-    elif len(criterion["reference"]) == 1:
-        reference = criterion["reference"][0]
+        compared = format_number(criterion["value"])
+    elif len(criterion["against"]) == 1:
+        compared = criterion["against"][0]
     else:
-        reference = f"the highest of {', '.join(criterion['reference'])}"
+        compared = f"the highest of {', '.join(criterion['against'])}"
     each = "each of " if len(criterion["members"]) > 1 else ""
-    if kind == "within" and set(criterion["members"]) & set(criterion.get("reference", [])):
-        # Never against itself: a member of its reference is judged against the highest of the others.
+    if kind == "within" and set(criterion["members"]) & set(criterion.get("against", [])):
+        # Never against itself: a member of its `against` list is judged against the highest of the others.
         tolerance = format_number(criterion["tolerance"])
-        return f"{each}{members} at most {tolerance} below {reference} other than itself"
+        return f"{each}{members} at most {tolerance} below {compared} other than itself"
     if kind == "within":
-        return f"{each}{members} within {format_number(criterion['tolerance'])} of {reference}"
+        return f"{each}{members} within {format_number(criterion['tolerance'])} of {compared}"
     margin = criterion.get("margin", 0)
-    limit = f"{reference} {signed(margin)}" if margin else reference
+    limit = f"{compared} {signed(margin)}" if margin else compared
     return f"{each}{members} {'>=' if kind == 'at_least' else '<='} {limit}"
 
 

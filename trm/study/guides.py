@@ -148,7 +148,7 @@ def group_guide(group: dict, experiments_dir: Path) -> str:
         "the plot in the HTML report) against the uncertainty of the differences it tests (docs/statistics.md): "
         "supported or not supported only when the 95% interval excludes the other outcome, otherwise "
         "inconclusive (with about how many seeds per point would resolve it); no signal when the metric is the "
-        "same for every run read; no effect at this scale when a member's runs are its reference's own (the same "
+        "same for every run read; no effect at this scale when a member's runs are those it is compared with (the same "
         "trained weights: the setting did not act); not enough data when a member has not run or did not "
         "measure the metric. "
         "Accuracies are fractions (0.01 is one point).",

@@ -34,8 +34,9 @@ from trm.study.scale import at_scale, scale_of
 
 
 @dataclass(frozen=True)
-class Experiment:
-    """One experiment of the study, resolved at a scale."""
+class PlannedRun:
+    """One run of the study: an experiment resolved at a scale, or one of its replicates (`id` EXP~sK: train.seed
+    + K). Experiments with equal configs plan equal hashes, and so share one trained run (Study.distinct_runs)."""
 
     id: str
     group: str
@@ -63,12 +64,12 @@ def experiment_of(run_id: str) -> str:
     return run_id.partition(REPLICATE_MARK)[0]
 
 
-def replicate_of(exp: Experiment, k: int) -> Experiment:
+def replicate_of(exp: PlannedRun, k: int) -> PlannedRun:
     """Replicate k of an experiment: its config with train.seed + k (initialisation, data order, halting draws),
     so its own hash and run dir; two experiments with equal configs still share each seed's run."""
     config = copy.deepcopy(exp.config)
     config["train"]["seed"] += k
-    return Experiment(f"{exp.id}{REPLICATE_MARK}{k}", exp.group, exp.path, config, config_hash(config), k)
+    return PlannedRun(f"{exp.id}{REPLICATE_MARK}{k}", exp.group, exp.path, config, config_hash(config), k)
 
 
 def seedless_hash(config: dict) -> str:
@@ -114,7 +115,7 @@ def plan_study(
     groups_path: str | Path = GROUPS_PATH,
     source: str = "config/config.yaml",
     checked: bool = False,
-) -> list[Experiment]:
+) -> list[PlannedRun]:
     """The selected experiments (members of the selected groups, among the selected ids) in group order.
     `checked`: an earlier call checked the whole study (its notes and `varies`), so only the selected resolve."""
     table = load_groups(groups_path, experiments_dir)
@@ -161,7 +162,7 @@ def plan_study(
     for exp_id in selected:
         path = Path(experiments_dir) / f"{exp_id}.yaml"
         config = config_at_scale(paper.get(exp_id) or load_config(path), scale, str(path))
-        plan.append(Experiment(exp_id, group_of[exp_id], path, config, config_hash(config)))
+        plan.append(PlannedRun(exp_id, group_of[exp_id], path, config, config_hash(config)))
     return plan
 
 
@@ -181,7 +182,7 @@ def config_at_scale(paper: dict, scale: str, source: str) -> dict:
 
 
 def run_dir_of(storage_root: str, scale: str, run_hash: str) -> str:
-    """The run dir of a run (`Experiment.hash`) of the study at `scale` below its `storage` setting."""
+    """The run dir of a run (`PlannedRun.hash`) of the study at `scale` below its `storage` setting."""
     return storage.join(storage_root, scale, "runs", run_hash)
 
 
@@ -194,7 +195,7 @@ def stage_receipt(results: str, storage_url: str, dataset: str) -> str:
     return os.path.join(results, "staged", digest, f"{dataset}.txt")
 
 
-def check_batches(plan: list[Experiment], devices: int, where: str) -> None:
+def check_batches(plan: list[PlannedRun], devices: int, where: str) -> None:
     """Refuse at plan time the experiments the job's devices cannot train, by the trainer's own rule
     (`batch_split_problem`). `where` names the settings that give the device count."""
     problems = [

@@ -7,13 +7,13 @@ selects: the experiment ids (`exp01a`, `exp01a+exp06_c`), or `groups-<ids>` when
 reference runs (`groups-exp06`); past MAX_NAME characters the first id, how many follow and a hash of the whole list
 (`exp01a+11-more-3f2a9c1b`). The per-run files (runs/, jobs/, benchmarks/, logs/train/) stay shared.
 
-A one-run experiment's interval borrows the noise floor, the seed spread pooled over the study's reference set:
-every group's baseline member with its replicates, and the reference runs (trm/analysis/judge.py reference_ids). So
+A one-run experiment's interval borrows the noise floor, the seed spread pooled over the study's floor set:
+every group's baseline member with its replicates, and the reference runs (trm/analysis/judge.py floor_ids). So
 that the floor, hence every interval and verdict, does not depend on which experiments a selection runs, a
-selection trains and tables the reference set's runs that measure it too (those of a configuration with 2 or more
+selection trains and tables the floor set's runs that measure it too (those of a configuration with 2 or more
 seeds: a lone seed measures no spread); the table marks those it did not select `floor_only` (docs/statistics.md).
 Experiments with equal configs share runs and the floor counts each run once, so one id per distinct run is enough:
-at the smoke scale the 43 ids of the reference set are 4 runs, of which the 3 seeds of the baselines measure it.
+at the smoke scale the 43 ids of the floor set are 4 runs, of which the 3 seeds of the baselines measure it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ SELECTIONS = "selections"  # RESULTS/selections/<name>/: a selection's table, ve
 MAX_NAME = 48  # longer names are shortened (a folder name stays readable in a listing)
 
 
-def reference_set(groups: list[dict], references: list[str]) -> list[str]:
+def floor_set(groups: list[dict], references: list[str]) -> list[str]:
     """The experiments whose seeds measure the noise floor: every group's baseline, then the reference runs."""
     return list(dict.fromkeys([*(g["baseline"] for g in groups), *references]))
 

@@ -12,7 +12,7 @@ in it; every job is known then (no checkpoints), so a dry run shows the whole st
 
 Each experiment runs `replicates.SCALE` seeds: replicate k (id EXP~sK, k >= 1) is the experiment's config with
 train.seed + k, planned as a run of its own; replicate 0 is the experiment itself (id EXP).
-A selection (not every experiment) also plans the runs of the study's reference set that it did not select, whose
+A selection (not every experiment) also plans the runs of the study's floor set that it did not select, whose
 seeds measure the noise floor, and writes its table, verdicts and plots in a folder of its own
 (trm/study/selection.py): `floor_only` names those runs, `analysis` the folder.
 Experiments with the same resolved config (every group's baseline) share one run: the first with that config
@@ -43,7 +43,7 @@ from trm.storage import join as url_join
 from trm.study.costs import COMPILED_FIGURES, Costs
 from trm.study.groups import REFERENCE_GROUP, load_groups, load_references
 from trm.study.plan import (
-    Experiment,
+    PlannedRun,
     check_batches,
     experiment_of,
     parse_dataset_name,
@@ -54,7 +54,7 @@ from trm.study.plan import (
     stage_receipt,
 )
 from trm.study.scale import scale_of
-from trm.study.selection import SELECTIONS, reference_set, selection_name
+from trm.study.selection import SELECTIONS, floor_set, selection_name
 from trm.study.settings import SourceOf, check_settings, load_schema
 
 # Commands run with the `trm` of the environment running Snakemake, so an unactivated venv works
@@ -129,8 +129,8 @@ class Study:
         table = load_groups(groups_path, experiments_dir)
         references = [ref["id"] for ref in load_references(groups_path, experiments_dir, table)]
         # Each experiment, then its replicates (ids EXP~s1, ...): replicate 0 is the experiment's own run.
-        self.plan: dict[str, Experiment] = self._with_replicates(experiments, table)
-        floor = self._floor_runs(reference_set(table, references), table)
+        self.plan: dict[str, PlannedRun] = self._with_replicates(experiments, table)
+        floor = self._floor_runs(floor_set(table, references), table)
         self.floor_only = list(floor)  # not selected: in the table only for the noise floor
         self.plan.update(floor)
         selection = selection_name([e.id for e in experiments], table, references)
@@ -195,7 +195,7 @@ class Study:
             same = [exp for exp in self.plan.values() if self.job_devices(exp.id) == devices]
             self._with_source("launch", check_batches, same, devices, where)
 
-    def _with_replicates(self, experiments: list[Experiment], table: list[dict]) -> dict[str, Experiment]:
+    def _with_replicates(self, experiments: list[PlannedRun], table: list[dict]) -> dict[str, PlannedRun]:
         """Each experiment's runs by id: the experiment, then its replicates EXP~s1, ... (`_replicate_counts`)."""
         counts = self._replicate_counts(experiments, table)
         return {
@@ -204,8 +204,8 @@ class Study:
             for run in [exp, *(replicate_of(exp, k) for k in range(1, counts[exp.id]))]
         }
 
-    def _floor_runs(self, wanted: list[str], table: list[dict]) -> dict[str, Experiment]:
-        """The runs of the reference set `wanted` (experiment ids, with their replicates) that measure the noise
+    def _floor_runs(self, wanted: list[str], table: list[dict]) -> dict[str, PlannedRun]:
+        """The runs of the floor set `wanted` (experiment ids, with their replicates) that measure the noise
         floor, a configuration with 2 or more seeds (a lone seed measures no spread), and that no run of the plan
         shares: one id per distinct run, in the whole study's order; none when the plan holds every one."""
         if all(exp_id in self.plan for exp_id in wanted):
@@ -224,7 +224,7 @@ class Study:
                 floor[run.id] = run
         return floor
 
-    def _replicate_counts(self, experiments: list[Experiment], table: list[dict]) -> dict[str, int]:
+    def _replicate_counts(self, experiments: list[PlannedRun], table: list[dict]) -> dict[str, int]:
         """Seeds per experiment from replicates.SCALE: its `experiments` entry, else the larger of its group's
         entry (or `seeds`) and, for a group's baseline member, `baseline`. Unknown ids are refused."""
         key = f"replicates.{self.scale}"
@@ -269,8 +269,8 @@ class Study:
         """The experiment whose job trains and evaluates the run `exp_id` shares (itself when it is the first)."""
         return self.first_with_hash[self.plan[exp_id].hash]
 
-    def runs(self) -> list[str]:
-        """The first experiment of each distinct run: the ones whose jobs train."""
+    def distinct_runs(self) -> list[str]:
+        """The first run id of each distinct run (one per config hash): the runs whose jobs train."""
         return list(self.first_with_hash.values())
 
     def dataset_url(self, dataset: str) -> str:
@@ -303,7 +303,7 @@ class Study:
 
     def write_jobs(self) -> None:
         """Each distinct run's job file, rewritten only when its content changes (the workflow's onstart)."""
-        for first in self.runs():
+        for first in self.distinct_runs():
             self.job(first).write(self.job_file(first))
 
     # ------------------------------------------------------------------------------------------- commands

@@ -1,7 +1,7 @@
 # Analysis: one table of all selected runs (with companion CSVs), the verdict of each selected group's success
 # criteria (config/groups.yaml), one plot per group, and the captions the HTML report shows them with; in ANALYSIS,
 # the whole study's folder or a selection's own (trm/study/selection.py). A selection's table also holds the runs of
-# the study's reference set it did not select, marked floor_only: the noise floor is always theirs.
+# the study's floor set it did not select, marked floor_only: the noise floor is always theirs.
 
 VERDICTS = os.path.join(ANALYSIS, "verdicts")
 

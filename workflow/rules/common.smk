@@ -23,7 +23,7 @@ def _source_of(dotted):
 
 try:
     study = Study(config, _source_of, workflow.source_path("../schemas/config.schema.yaml"))
-    print(study.costs.summary(), file=sys.stderr)
+    print(study.costs.plan_text(), file=sys.stderr)
     if power := power_report(study):  # at the paper and mini scales (trm/analysis/power.py)
         print(power, file=sys.stderr)
     if study.placeholder_storage:  # a dry run reaches no storage; a real run refuses before its first job
