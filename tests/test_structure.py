@@ -172,3 +172,14 @@ def test_help_of_every_command_imports_no_heavy_library():
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == []
+
+
+def test_the_checkouts_files_are_found_one_way(monkeypatch):
+    # trm.checkout.checkout_path: the working checkout's file, spelled as given from its root (short paths in
+    # messages), in full from anywhere else (the study's settings, groups, experiments and compiled figures).
+    from trm.checkout import CHECKOUT, checkout_path
+
+    monkeypatch.chdir(CHECKOUT)
+    assert checkout_path("config/groups.yaml") == "config/groups.yaml"
+    monkeypatch.chdir(CHECKOUT / "trm")
+    assert checkout_path("config/groups.yaml") == str(CHECKOUT / "config" / "groups.yaml")

@@ -257,9 +257,7 @@ def test_single_runs_are_judged_against_the_noise_floor():
     baseline = runs(rng, 0.87, 0.01, 3)
     floor = noise_floor({"b": baseline})
     samples = {"a": [0.70], "b": baseline, "c": [0.865]}
-    clear = verdict(
-        criterion("at_most", members=["a"], against=["b"], margin=-0.01), samples, floor, 423_168
-    )
+    clear = verdict(criterion("at_most", members=["a"], against=["b"], margin=-0.01), samples, floor, 423_168)
     assert clear["verdict"] == SUPPORTED
     assert (
         clear["estimates"]["a"]["source"] == FLOOR_AND_SAMPLING and clear["estimates"]["b"]["source"] == SEEDS
@@ -314,9 +312,7 @@ def test_monotonic_and_best_is_one_of_under_noise():
 
 
 def test_a_member_without_a_measured_run_is_not_enough_data():
-    result = verdict(
-        criterion("at_most", members=["a"], against=["b"]), {"a": [math.nan], "b": [0.8, 0.82]}
-    )
+    result = verdict(criterion("at_most", members=["a"], against=["b"]), {"a": [math.nan], "b": [0.8, 0.82]})
     assert result["verdict"] == NO_DATA and "a" in result["detail"]
 
 

@@ -26,6 +26,17 @@ def _working_checkout() -> Path:
 CHECKOUT = _working_checkout()
 
 
+def checkout_path(relative: str) -> str:
+    """The one way to find a file of the checkout (config/, docs/, profiles/), e.g. 'config/groups.yaml': in
+    CHECKOUT, spelled as given when the current directory is CHECKOUT's root (the workflow's case: messages then
+    name short paths), else in full."""
+    try:
+        here = Path.cwd().resolve()
+    except OSError:
+        here = None
+    return relative if here == CHECKOUT else str(CHECKOUT / relative)
+
+
 def foreign_checkout_note() -> str | None:
     """One line when the files come from another checkout than the code (an environment shared by checkouts)."""
     if CHECKOUT == INSTALLED_FROM or not (INSTALLED_FROM / "Snakefile").is_file():

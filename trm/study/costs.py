@@ -24,6 +24,7 @@ import os
 import shutil
 from typing import Protocol
 
+from trm.checkout import checkout_path
 from trm.config import experiment_path, load_config
 from trm.launch.accelerators import step_figures
 from trm.study.estimate import (
@@ -42,7 +43,7 @@ from trm.study.measured import Measurements, finished_runs, step_key
 from trm.study.plan import PlannedRun, experiment_of
 
 # The compiled figures kept in the repository (the plan of a fresh clone, which has compiled nothing, uses them).
-COMPILED_FIGURES = "config/compiled"
+COMPILED_FIGURES = checkout_path("config/compiled")
 MAX_NAMED = 6  # runs without compiled figures named in the plan's figures line (more are counted)
 
 

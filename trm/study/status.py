@@ -40,7 +40,8 @@ from pathlib import Path
 import yaml
 
 from trm import storage
-from trm.config import CONFIG_DIR, experiment_path, merged
+from trm.checkout import checkout_path
+from trm.config import experiment_path, merged
 from trm.errors import UserError, number
 from trm.run import layout
 from trm.run.state import RunState, read_run
@@ -236,13 +237,12 @@ def _read_settings(path: Path) -> dict:
 
 def study_settings(profile: str | None) -> dict:
     """The workflow's settings: config/config.yaml, then the study file(s) of `profile` (its `configfile`)."""
-    path = Path("config/config.yaml")
-    settings = _read_settings(path if path.exists() else CONFIG_DIR / "config.yaml")
+    settings = _read_settings(Path(checkout_path("config/config.yaml")))
     if profile is None:
         return settings
     folder = Path(profile)
     if not folder.is_dir():
-        folder = CONFIG_DIR.parent / "profiles" / profile
+        folder = Path(checkout_path(f"profiles/{profile}"))
     if not (folder / "config.yaml").is_file():
         raise UserError(
             f"--profile {profile}: no profile folder with a config.yaml (a path, or a name in profiles/)"

@@ -33,6 +33,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Collection
 
+from trm.checkout import checkout_path
 from trm.config import config_value, experiment_ids
 from trm.errors import UserError
 from trm.launch import slice_ledger, tpu_options
@@ -61,7 +62,7 @@ from trm.study.settings import SourceOf, check_settings, load_schema
 # (`.venv/bin/snakemake`). Named by its folder, not by the interpreter's name: `python` and `python3` of one
 # venv must give the same command, or Snakemake sees changed params and reruns everything.
 TRM = os.path.join(os.path.dirname(sys.executable), "trm")
-DEFAULT_SETTINGS = "config/config.yaml"
+DEFAULT_SETTINGS = checkout_path("config/config.yaml")
 # The rules whose jobs reach `storage` or a TPU slice (workflow/rules/): only a run of one needs a real bucket and,
 # on TPU, the preflight.
 CLOUD_RULES = ("stage_dataset", "train")
@@ -99,8 +100,8 @@ class Study:
         config: dict,
         source_of: SourceOf,
         schema_path: str,
-        experiments_dir: str = "config/experiments",
-        groups_path: str = "config/groups.yaml",
+        experiments_dir: str = checkout_path("config/experiments"),
+        groups_path: str = checkout_path("config/groups.yaml"),
         compiled_dir: str = COMPILED_FIGURES,
     ) -> None:
         # One readable line for a bad setting (unknown key, wrong type), naming where it was set; nested
