@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from trm.model import mlp_t_kernel
+from trm.model import mlp_t_kernel, mlp_t_path
 from trm.model.config import ModelConfig
 
 # The std of a standard normal truncated to [-2, 2]; dividing by it makes the truncated sample's std exact.
@@ -108,10 +108,11 @@ def _leading_contraction(weight: jax.Array, x: jax.Array) -> jax.Array:
 class SwiGLU(nnx.Module):
     """down(silu(gate) * up) over the last axis, with a fused gate|up projection (gate first), no biases."""
 
-    def __init__(self, width: int, expansion: float, multiple: int, *, rngs: nnx.Rngs):
+    def __init__(self, width: int, expansion: float, multiple: int, *, rngs: nnx.Rngs, fused: bool = True):
         inner = swiglu_width(width, expansion, multiple)
         self.gate_up_proj = Linear(width, 2 * inner, rngs=rngs)
         self.down_proj = Linear(inner, width, rngs=rngs)
+        self.fused = fused  # may along_leading_axis use the fused kernel (arch.mlp_t_kernel not plain)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         gate, up = jnp.split(self.gate_up_proj(x), 2, axis=-1)
@@ -123,11 +124,12 @@ class SwiGLU(nnx.Module):
         On TPU, inside shard_map (the train step: per-device arrays), one fused kernel per block of columns
         (trm/model/mlp_t_kernel.py) keeps the [2 * inner, columns] gate|up block on chip instead of writing
         it to HBM and reading it back (docs/tpu.md, "Where the step's bytes go"). Elsewhere, and where the
-        compiler partitions the arrays itself (a Pallas kernel would be given whole, gathered arrays), the
-        plain formulation below; on CPU and GPU it is the only one, so their results are unchanged.
+        compiler partitions the arrays itself (a Pallas kernel would be given whole, gathered arrays), or
+        with `fused` off (arch.mlp_t_kernel: plain), the plain formulation below; on CPU and GPU it is the
+        only one, so their results are unchanged.
         """
         weights = (self.gate_up_proj.weight[...].astype(x.dtype), self.down_proj.weight[...].astype(x.dtype))
-        if _per_device_arrays() and mlp_t_kernel.applies(x, *weights):
+        if self.fused and _per_device_arrays() and mlp_t_kernel.applies(x, *weights):
             return jax.lax.platform_dependent(
                 x,
                 *weights,
@@ -182,7 +184,8 @@ class Block(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.eps = cfg.rms_norm_eps
         if cfg.mlp_t:
-            self.mlp_t = SwiGLU(cfg.total_len, cfg.expansion, cfg.swiglu_multiple, rngs=rngs)
+            fused = cfg.mlp_t_kernel != mlp_t_path.PLAIN
+            self.mlp_t = SwiGLU(cfg.total_len, cfg.expansion, cfg.swiglu_multiple, rngs=rngs, fused=fused)
         else:
             self.self_attn = Attention(cfg.hidden_size, cfg.num_heads, rngs=rngs)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.expansion, cfg.swiglu_multiple, rngs=rngs)

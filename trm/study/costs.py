@@ -25,7 +25,9 @@ import shutil
 from typing import Protocol
 
 from trm.config import experiment_path, load_config
+from trm.errors import UserError
 from trm.launch.accelerators import step_figures
+from trm.model.mlp_t_path import path_name
 from trm.study.estimate import (
     CostCache,
     accelerator_hours,
@@ -92,6 +94,8 @@ class Costs:
         self.compiled: dict[str, str] = {}
         # A local study's measured runs (the local backend runs on this machine; TPU jobs do not).
         self.measured = Measurements(study.results) if study.backend == "local" else None
+        # Each run's MLP-T path in its train step (None without MLP-T); a `fused` that cannot be is an error now.
+        self.mlp_t: dict[str, str | None] = {exp.id: self._mlp_t_path(exp) for exp in study.plan.values()}
         # Kept in memory while planning; written by `save_cache` once jobs will run (a dry run writes nothing).
         cache = self._cache = CostCache(os.path.join(config["results"], ".cache", "model-costs.json"))
         for exp in study.plan.values():
@@ -151,6 +155,14 @@ class Costs:
         self.finished = finished_runs(
             study.results, {exp.hash: study.run_url(exp.id) for exp in study.plan.values()}
         )
+
+    def _mlp_t_path(self, exp) -> str | None:
+        study = self.study
+        platform = "tpu" if study.backend == "tpu-vm" else study.config["launch"]["platform"]
+        try:
+            return path_name(exp.config, platform, study.job_devices(exp.id))
+        except UserError as err:
+            raise UserError(f"{exp.path} at the {study.scale} scale: {err}") from None
 
     def save_cache(self) -> None:
         """Keep the model costs computed while planning, so that the next plan needs no JAX import."""
@@ -360,4 +372,8 @@ class Costs:
         ]
         if hours.get("start-up"):
             lines.append(f"    start-up:   {hours['start-up'] / devices * 3600:.3g} s (measured per job)")
+        if self.mlp_t[exp_id]:
+            lines.append(
+                f"    MLP-T:      {self.mlp_t[exp_id]} (arch.mlp_t_kernel {config['arch']['mlp_t_kernel']})"
+            )
         return "\n".join(lines)
