@@ -92,8 +92,12 @@ class Linear(nnx.Module):
         makes XLA:CPU transpose in the backward, 2.3x slower in float32). The same sums either way; the
         choice is made when the step is compiled for its platform.
         """
-        weight = self.weight[...].astype(x.dtype)
-        return jax.lax.platform_dependent(weight, x, tpu=_leading_contraction, default=_flattened_matmul)
+        return along_leading_axis(self.weight[...].astype(x.dtype), x)
+
+
+def along_leading_axis(weight: jax.Array, x: jax.Array) -> jax.Array:
+    """y[o, ...] = sum_i weight[i, o] x[i, ...], in the form for the platform compiled for (Linear's)."""
+    return jax.lax.platform_dependent(weight, x, tpu=_leading_contraction, default=_flattened_matmul)
 
 
 def _flattened_matmul(weight: jax.Array, x: jax.Array) -> jax.Array:
@@ -139,8 +143,15 @@ class SwiGLU(nnx.Module):
         return self._plain_along_leading_axis(x)
 
     def _plain_along_leading_axis(self, x: jax.Array, *_weights: jax.Array) -> jax.Array:
-        gate, up = jnp.split(self.gate_up_proj.along_leading_axis(x), 2, axis=0)
-        return self.down_proj.along_leading_axis(silu(gate) * up)
+        weights = (self.gate_up_proj.weight[...], self.down_proj.weight[...])
+        return plain_swiglu_along_leading_axis(x, *(w.astype(x.dtype) for w in weights))
+
+
+def plain_swiglu_along_leading_axis(x: jax.Array, w_gate_up: jax.Array, w_down: jax.Array) -> jax.Array:
+    """SwiGLU.along_leading_axis's plain formulation as a function of its weights (in x's dtype): what the
+    fused kernel is checked against (trm/train/kernel_check.py)."""
+    gate, up = jnp.split(along_leading_axis(w_gate_up, x), 2, axis=0)
+    return along_leading_axis(w_down, silu(gate) * up)
 
 
 def _per_device_arrays() -> bool:
