@@ -57,7 +57,7 @@ def test_a_broken_kernel_stops_the_run_naming_the_error_tolerance_and_setting(
 
     real = mlp_t_kernel.swiglu_along_leading_axis
 
-    def off_by_a_bit(x, w_gate_up, w_down, interpret):  # e.g. a matmul at lower precision on the chip
+    def off_by_a_bit(x, w_gate_up, w_down, interpret=False):  # e.g. a matmul at lower precision on the chip
         return (real(x, w_gate_up, w_down, interpret).astype(jnp.float32) * 1.01).astype(x.dtype)
 
     monkeypatch.setattr(kernel_check, "INTERPRET", True)

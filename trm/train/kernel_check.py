@@ -45,26 +45,39 @@ INTERPRET = False
 
 
 def check_run(config: dict, cfg: ModelConfig, devices: int, run_dir: str, writer: bool) -> dict | None:
-    """Check the kernel where `config`'s train step on `devices` devices of this platform uses it (UserError for a
-    `fused` setting that cannot); write the result to the run dir (`writer`) and stop on a mismatch. None: the
-    step does not use the kernel, nothing checked."""
-    platform = "tpu" if INTERPRET else jax.devices()[0].platform
-    if not mlp_t_path.uses_kernel(config, platform, devices):
+    """`check` a run's kernel: write the result to the run dir (`writer`) and stop on a mismatch, on every host.
+    None: the step does not use the kernel, nothing checked."""
+    result = check(config, cfg, devices)
+    if result is None:
         return None
-    result = compare(cfg, interpret=INTERPRET)
-    # Every host's worst ratio of error to tolerance, so that all stop together on any host's mismatch.
-    ratios = [float(r) for r in distributed.gather_strings(repr(result["worst_ratio"]))]
-    result["hosts_worst_ratio"] = ratios
-    result["passed"] = max(ratios) <= 1.0
     if writer:
         record = json.dumps(result, indent=1, sort_keys=True) + "\n"
         storage.write_text(layout.path(run_dir, layout.KERNEL_CHECK), record)
     if not result["passed"]:
-        host = int(np.argmax(ratios))
-        raise UserError(
-            mismatch_line(result) if host == jax.process_index() else _other_host_line(host, ratios)
-        )
+        raise UserError(failure_line(result))
     return result
+
+
+def check(config: dict, cfg: ModelConfig, devices: int) -> dict | None:
+    """`compare` on every host where `config`'s train step on `devices` devices of this platform uses the kernel
+    (UserError for a `fused` setting that cannot), with every host's worst ratio of error to tolerance and
+    whether all passed; None where the step does not use the kernel."""
+    platform = "tpu" if INTERPRET else jax.devices()[0].platform
+    if not mlp_t_path.uses_kernel(config, platform, devices):
+        return None
+    result = compare(cfg, interpret=INTERPRET)
+    # Every host's worst ratio, so that all stop together on any host's mismatch.
+    ratios = [float(r) for r in distributed.gather_strings(repr(result["worst_ratio"]))]
+    result["hosts_worst_ratio"] = ratios
+    result["passed"] = max(ratios) <= 1.0
+    return result
+
+
+def failure_line(result: dict) -> str:
+    """The one line a mismatch stops a run with: this host's numbers, or the host that failed."""
+    ratios = result["hosts_worst_ratio"]
+    host = int(np.argmax(ratios))
+    return mismatch_line(result) if host == jax.process_index() else _other_host_line(host, ratios)
 
 
 def compare(cfg: ModelConfig, interpret: bool = False) -> dict[str, Any]:
