@@ -1,6 +1,7 @@
-"""`trm canary` (trm/study/canary.py) on this machine's CPU: the go page and its record, and a no-go (exit 1) for each
-failure it checks: a kernel that disagrees with the plain formulation, a loss that is not finite, a host whose
-parameters differ, a checkpoint that does not restore to the parameters written."""
+"""`trm canary` (trm/study/canary.py) on this machine's CPU: the go page and its record, a no-go (exit 1) for each
+failure it checks (a kernel that disagrees with the plain formulation, a loss that is not finite, a host whose
+parameters differ, a checkpoint that does not restore to the parameters written), and the measured step time that
+a go leaves where the plan prices training from it."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from tiny_run import TINY, set_flags
+from workflow_support import study
 
 from trm.cli import main
+from trm.config import dump_config, training_steps
+from trm.launch.accelerators import step_hash
 from trm.model import mlp_t_kernel
 from trm.run import distributed
 from trm.train import checkpoint, kernel_check, step
@@ -84,10 +88,34 @@ def test_a_bad_loss_a_host_that_differs_and_a_bad_restore_are_each_no_go(
     monkeypatch.setattr(step.TrainStep, "__call__", nan_loss)
     monkeypatch.setattr(checkpoint.Checkpointer, "restore", restore_perturbed)
     monkeypatch.setattr(distributed, "gather_strings", two_hosts)
-    assert canary(easy_dataset, tmp_path / "out") == 1
+    assert canary(easy_dataset, tmp_path / "out", "--results", str(tmp_path / "results")) == 1
+    assert not (tmp_path / "results").exists()  # a no-go prices nothing
     lines = capsys.readouterr().out.splitlines()[-6:]
     assert lines[0] == "canary on 1 cpu devices (1 hosts): NO-GO (loss, replicas, checkpoint)"
     assert lines[2].startswith("  FAIL loss:") and lines[2].endswith("30 not finite")
     assert lines[3].startswith("  FAIL replicas:") and lines[3].endswith("hosts 1 differ from host 0")
     assert lines[4].startswith("  FAIL checkpoint:") and lines[4].endswith("parameters DIFFER")
     assert not json.loads((tmp_path / "out" / "canary.json").read_text())["go"]
+
+
+def test_a_go_writes_its_step_time_where_the_plan_prices_training_from_it(easy_dataset, tmp_path, capsys):
+    planned = study(tmp_path, {"experiments": ["exp06_a"], "replicates": {"smoke": {"baseline": 1}}})
+    config = planned.plan["exp06_a"].config
+    before = planned.costs.hours["exp06_a"]["training"]
+    (tmp_path / "exp06_a.json").write_text(dump_config(config))
+    args = ["canary", "--data", str(easy_dataset), "--out", str(tmp_path / "out"), "--steps", "10"]
+    assert (
+        main([*args, "--config", str(tmp_path / "exp06_a.json"), "--results", str(tmp_path / "results")]) == 0
+    )
+    record = json.loads((tmp_path / "out" / "canary.json").read_text())
+    assert record["measured_step_file"] == f"{tmp_path}/results/measured/{step_hash(config)}-1.json"
+    costs = study(tmp_path, {"experiments": ["exp06_a"], "replicates": {"smoke": {"baseline": 1}}}).costs
+    training = costs.hours["exp06_a"]["training"]
+    assert training == pytest.approx(training_steps(config) * record["step_s"] / 3600) and training != before
+    assert costs.message("exp06_a").splitlines()[0] == (
+        "train exp06_a: estimated on the job's 1 devices, training at the step time trm canary measured "
+        f"({record['measured_step_file']}), the rest from its FLOPs and batch at an assumed 10% of peak"
+    )
+    assert f"  canary:     training of 1 runs at the step times measured in {tmp_path}/results/measured/" in (
+        costs.summary().splitlines()
+    )

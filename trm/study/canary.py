@@ -11,7 +11,9 @@ Runs the baseline (or the given config) where the study will run it, and checks,
   checkpoint   the state written to DIR/ckpt, restored, and its parameters bit-identical to those written
   step time    the median step (after the first, which compiles), per step shape (trm/study/measured.py step_key)
 
-It prints the page and exits 0 (go) or 1 (no-go); DIR/canary.json holds every figure. Run it on every host of a
+It prints the page and exits 0 (go) or 1 (no-go); DIR/canary.json holds every figure. With --results (the
+workflow's results folder), a go also writes the step time where the plan reads it: RESULTS/measured/, one file
+per step program and device count, from which `snakemake -n` prices those runs' training ("measured"). Run it on every host of a
 job as `trm train` runs (the same --coordinator and --process-id options).
 """
 
@@ -30,7 +32,7 @@ from trm import storage
 from trm.config import add_config_arguments, resolve_config_arguments
 from trm.errors import UserError, number
 from trm.run import distributed, layout
-from trm.study.measured import step_key
+from trm.study.measured import measured_step_path, step_key
 
 FIRST_LAST = 5  # steps averaged at each end of the loss curve
 
@@ -57,6 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=30,
         help="train steps to run (default %(default)s)",
     )
+    parser.add_argument(
+        "--results",
+        metavar="DIR",
+        help="the workflow's results folder (config/config.yaml `results`): write the measured step time there "
+        "(DIR/measured/), where the plan prices training from it",
+    )
     parser.add_argument("--cache-dir", default=None, help="local cache for a staged dataset's copy")
     distributed.add_arguments(parser)
 
@@ -69,6 +77,10 @@ def main(args: argparse.Namespace) -> int:
     import jax
 
     if jax.process_index() == 0:
+        if args.results and go:  # only a step that ran right prices the study
+            measured = {k: record[k] for k in ("step_s", "step_key", "devices", "device_kind", "platform")}
+            record["measured_step_file"] = measured_step_path(args.results, config, record["devices"])
+            storage.write_text(record["measured_step_file"], json.dumps(measured, indent=1) + "\n")
         document = {**record, "go": go, "checks": [c._asdict() for c in checks]}
         storage.write_text(storage.join(args.out, "canary.json"), json.dumps(document, indent=1) + "\n")
     print(page(checks, record))

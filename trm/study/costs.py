@@ -40,7 +40,7 @@ from trm.study.estimate import (
     training_flops,
     training_steps,
 )
-from trm.study.measured import Measurements, finished_runs, step_key
+from trm.study.measured import Measurements, finished_runs, measured_step_s, step_key
 from trm.study.plan import Experiment, experiment_of
 
 # The compiled figures kept in the repository (the plan of a fresh clone, which has compiled nothing, uses them).
@@ -152,6 +152,14 @@ class Costs:
                 for k, v in flops.items()
             }
             self.source[exp.id] = ASSUMED
+        # Training at the step time `trm canary` measured for a run's step on its job's devices, where it did.
+        self.canary: dict[str, str] = {}
+        for exp in study.plan.values():
+            devices = study.job_devices(exp.id)
+            if found := measured_step_s(config["results"], exp.config, devices):
+                step_s, self.canary[exp.id] = found
+                training = training_steps(exp.config) * step_s * devices / 3600
+                self.hours[exp.id] = {**self.hours[exp.id], "training": training}
         self.finished = finished_runs(
             study.results, {exp.hash: study.run_url(exp.id) for exp in study.plan.values()}
         )
@@ -270,6 +278,11 @@ class Costs:
             lines += self._hours_lines(todo)
             if figures := self._figures_line(todo):
                 lines.append(figures)
+            if canary := [first for first in todo if first in self.canary]:
+                where = os.path.dirname(self.canary[canary[0]])
+                lines.append(
+                    f"  {'canary:':<12}training of {len(canary)} runs at the step times measured in {where}/"
+                )
         if self.measured and (last := self.measured.last_study()):
             path, measured, estimated = last
             lines.append(
@@ -363,6 +376,10 @@ class Costs:
             source = f"from its FLOPs and batch at {self._assumed()}"
         else:
             source = self._source_words(source, "its")
+        if exp_id in self.canary:
+            source = (
+                f"training at the step time trm canary measured ({self.canary[exp_id]}), the rest {source}"
+            )
         unit = self.device_hours
         lines = [
             f"train {exp_id}: estimated on the job's {devices} devices, {source}{replicate}",
