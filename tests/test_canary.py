@@ -1,5 +1,5 @@
 """`trm canary` (trm/study/canary.py) on this machine's CPU: the go page and its record, a no-go (exit 1) for each
-failure it checks (a kernel that disagrees with the plain formulation, a loss that is not finite, a host whose
+failure it checks (a kernel that disagrees with the plain formulation, logits that differ from the CPU's, a loss that is not finite, a host whose
 parameters differ, a checkpoint that does not restore to the parameters written), and the measured step time that
 a go leaves where the plan prices training from it."""
 
@@ -19,7 +19,7 @@ from trm.config import dump_config, training_steps
 from trm.launch.accelerators import step_hash
 from trm.model import mlp_t_kernel
 from trm.run import distributed
-from trm.train import checkpoint, kernel_check, step
+from trm.train import checkpoint, first_logits, kernel_check, step
 
 pytestmark = pytest.mark.slow  # 10 to 20 s each: a tiny model's 30 steps and a checkpoint
 
@@ -32,22 +32,21 @@ def canary(easy_dataset, out, *extra: str) -> int:
 
 def test_a_healthy_machine_gets_go_and_every_figure(easy_dataset, tmp_path, capsys):
     assert canary(easy_dataset, tmp_path / "out") == 0
-    lines = capsys.readouterr().out.splitlines()[-6:]
+    lines = capsys.readouterr().out.splitlines()[-7:]
     assert lines[0] == "canary on 1 cpu devices (1 hosts): GO"
-    assert [line.split(":")[0].split()[-1] for line in lines[1:]] == [
-        "kernel",
-        "loss",
-        "replicas",
-        "checkpoint",
-        "time",
-    ]
+    names = [line.split(":")[0].split()[-1] for line in lines[1:]]
+    assert names == ["kernel", "logits", "loss", "replicas", "checkpoint", "time"]
     assert all(line.startswith("  ok ") for line in lines[1:]), lines
     assert "not used by this step (the plain formulation)" in lines[1]
+    assert (
+        "step 1 on this cpu against its CPU, 8 rows: differ by 0 of their scale, tolerance 0.00781"
+        in lines[2]
+    )
     record = json.loads((tmp_path / "out" / "canary.json").read_text())
     assert record["go"] and len(record["losses"]) == 30 and record["lr_warmup_steps"] == 5
     assert record["step_s"] == np.median(record["step_seconds"][1:]) > 0
     assert json.loads(record["step_key"])["devices"] == 1
-    assert f"{record['step_s'] * 1e3:.4g} ms per step" in lines[5]
+    assert f"{record['step_s'] * 1e3:.4g} ms per step" in lines[6]
 
 
 def test_a_kernel_that_disagrees_is_no_go(easy_dataset, tmp_path, capsys, monkeypatch):
@@ -59,7 +58,7 @@ def test_a_kernel_that_disagrees_is_no_go(easy_dataset, tmp_path, capsys, monkey
     monkeypatch.setattr(kernel_check, "INTERPRET", True)  # as if on a TPU: the kernel in its interpreter
     monkeypatch.setattr(mlp_t_kernel, "swiglu_along_leading_axis", off_by_a_bit)
     assert canary(easy_dataset, tmp_path / "out", "--set=arch.hidden_size=128") == 1
-    lines = capsys.readouterr().out.splitlines()[-6:]
+    lines = capsys.readouterr().out.splitlines()[-7:]
     assert lines[0] == "canary on 1 cpu devices (1 hosts): NO-GO (kernel)"
     assert (
         lines[1].startswith("  FAIL kernel:     ")
@@ -73,6 +72,7 @@ def test_a_bad_loss_a_host_that_differs_and_a_bad_restore_are_each_no_go(
     easy_dataset, tmp_path, capsys, monkeypatch
 ):
     call, restore = step.TrainStep.__call__, checkpoint.Checkpointer.restore
+    real_logits, devices = first_logits.logits_on, []
 
     def nan_loss(self, *args, **kwargs):
         state, metrics = call(self, *args, **kwargs)
@@ -85,16 +85,23 @@ def test_a_bad_loss_a_host_that_differs_and_a_bad_restore_are_each_no_go(
     def two_hosts(value):  # a second host whose parameters differ from host 0's
         return [value, "0" * 64]
 
+    def device_off(model, device, weights, rows):  # the device's logits (computed first) 1.5 times the CPU's
+        logits = real_logits(model, device, weights, rows)
+        devices.append(device)
+        return logits * 1.5 if len(devices) == 1 else logits
+
     monkeypatch.setattr(step.TrainStep, "__call__", nan_loss)
     monkeypatch.setattr(checkpoint.Checkpointer, "restore", restore_perturbed)
     monkeypatch.setattr(distributed, "gather_strings", two_hosts)
+    monkeypatch.setattr(first_logits, "logits_on", device_off)
     assert canary(easy_dataset, tmp_path / "out", "--results", str(tmp_path / "results")) == 1
     assert not (tmp_path / "results").exists()  # a no-go prices nothing
-    lines = capsys.readouterr().out.splitlines()[-6:]
-    assert lines[0] == "canary on 1 cpu devices (1 hosts): NO-GO (loss, replicas, checkpoint)"
-    assert lines[2].startswith("  FAIL loss:") and lines[2].endswith("30 not finite")
-    assert lines[3].startswith("  FAIL replicas:") and lines[3].endswith("hosts 1 differ from host 0")
-    assert lines[4].startswith("  FAIL checkpoint:") and lines[4].endswith("parameters DIFFER")
+    lines = capsys.readouterr().out.splitlines()[-7:]
+    assert lines[0] == "canary on 1 cpu devices (1 hosts): NO-GO (logits, loss, replicas, checkpoint)"
+    assert lines[2].startswith("  FAIL logits:") and "differ by 0.5 of their scale" in lines[2]
+    assert lines[3].startswith("  FAIL loss:") and lines[3].endswith("30 not finite")
+    assert lines[4].startswith("  FAIL replicas:") and lines[4].endswith("hosts 1 differ from host 0")
+    assert lines[5].startswith("  FAIL checkpoint:") and lines[5].endswith("parameters DIFFER")
     assert not json.loads((tmp_path / "out" / "canary.json").read_text())["go"]
 
 

@@ -6,6 +6,8 @@ Runs the baseline (or the given config) where the study will run it, and checks,
 
   kernel       the fused MLP-T kernel against the plain formulation on this device (trm/train/kernel_check.py),
                where the train step uses it
+  logits       the initial weights' first-step logits on this device against this host's CPU, same batch
+               (trm/train/first_logits.py)
   loss         --steps real train steps: every loss finite, and the mean of the last 5 below the first 5's
   replicas     every host holds bit-identical parameters after them (their digests)
   checkpoint   the state written to DIR/ckpt, restored, and its parameters bit-identical to those written
@@ -152,6 +154,22 @@ def run_canary(
     return checks, record
 
 
+def _logits_check(model, batch: dict, record: dict) -> Check:
+    """The initial weights' first-step logits on this device against its CPU's (trm/train/first_logits.py)."""
+    from trm.train import first_logits
+
+    try:
+        result = record["logits"] = first_logits.compare_logits(model, batch)
+    except RuntimeError as err:  # no CPU backend beside the accelerator
+        return Check("logits", False, f"not compared: {str(err).splitlines()[0]}")
+    return Check(
+        "logits",
+        result["passed"],
+        f"step 1 on this {result['device']} against its CPU, {result['rows']} rows: differ by "
+        f"{result['relative_error']:.3g} of their scale, tolerance {result['tolerance']:.3g} ({result['dtype']})",
+    )
+
+
 def _train_and_restore(config, cfg, split, out: str, steps: int, record: dict, mesh) -> list[Check]:
     """`steps` train steps, then the replicas' digests and a checkpoint written, restored and compared."""
     import jax
@@ -169,6 +187,7 @@ def _train_and_restore(config, cfg, split, out: str, steps: int, record: dict, m
     batches = TrainBatches(
         split, batch, train["eval_interval"], train["seed"], jax.process_index(), jax.process_count()
     )
+    checks = [_logits_check(model, batches.batch(0).as_dict(), record)]
     losses, seconds = [], []
     for i in range(steps):
         started = time.perf_counter()
@@ -182,7 +201,7 @@ def _train_and_restore(config, cfg, split, out: str, steps: int, record: dict, m
     step_s = statistics.median(seconds[1:])
     record.update(losses=losses, step_seconds=seconds, step_s=step_s, first_step_s=seconds[0])
     finite = all(math.isfinite(x) for x in losses)
-    checks = [
+    checks += [
         Check(
             "loss",
             finite and last < first,
