@@ -38,6 +38,11 @@ def test_the_trainer_checks_the_kernel_it_uses_and_records_the_result(easy_data,
     run = tmp_path / "run"
     Trainer(config, easy_data, str(run), str(tmp_path / "cache"), log_every=1, use_wandb=False)
     assert not (run / "kernel_check.json").exists()  # a CPU run does not use the kernel: nothing checked
+    fused = tiny_config({**KERNEL_SHAPES, "arch.mlp_t_kernel": "fused"})
+    with pytest.raises(
+        UserError, match=r"^arch.mlp_t_kernel = fused, but .*: the kernel runs on TPU only, not on cpu"
+    ):
+        Trainer(fused, easy_data, str(tmp_path / "fused"), str(tmp_path / "cache"), 1, False)
     monkeypatch.setattr(kernel_check, "INTERPRET", True)
     trainer = Trainer(config, easy_data, str(run), str(tmp_path / "cache"), log_every=1, use_wandb=False)
     record = json.loads((run / "kernel_check.json").read_text())
