@@ -121,7 +121,7 @@ def run_canary(
         raise UserError(problem)
     split = load_eval_split(data, "train", cache_dir or os.path.join(out, "cache"))
     cfg = ModelConfig.from_dict(config["arch"], split.metadata)
-    device = jax.devices()[0]
+    device = jax.local_devices()[0]
     record = {
         "devices": mesh.size,
         "hosts": jax.process_count(),

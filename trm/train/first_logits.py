@@ -27,7 +27,7 @@ ROWS = 8  # rows of the batch compared: the CPU computes them too
 def compare_logits(model: ModelTemplate, batch: dict[str, Any]) -> dict[str, Any]:
     """The initial weights' first-step logits for the first ROWS rows of `batch` on this process's first device
     and on its CPU: the largest difference over the CPU's largest |logit|, and the dtype's tolerance."""
-    device = jax.devices()[0]
+    device = jax.local_devices()[0]  # this host's own: jax.devices()[0] is host 0's
     cpu = jax.devices("cpu")[0]  # RuntimeError where JAX was started without its CPU backend
     rows = {name: np.asarray(values)[:ROWS] for name, values in batch.items()}
     weights = (model.init_params, model.init_puzzle_emb, model.init_buffers)

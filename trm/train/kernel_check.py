@@ -62,7 +62,7 @@ def check(config: dict, cfg: ModelConfig, devices: int) -> dict | None:
     """`compare` on every host where `config`'s train step on `devices` devices of this platform uses the kernel
     (UserError for a `fused` setting that cannot), with every host's worst ratio of error to tolerance and
     whether all passed; None where the step does not use the kernel."""
-    platform = "tpu" if INTERPRET else jax.devices()[0].platform
+    platform = "tpu" if INTERPRET else jax.local_devices()[0].platform
     if not mlp_t_path.uses_kernel(config, platform, devices):
         return None
     result = compare(cfg, interpret=INTERPRET)
@@ -105,7 +105,9 @@ def compare(cfg: ModelConfig, interpret: bool = False) -> dict[str, Any]:
         return (y, *backward(dy))
 
     started = time.perf_counter()
-    # The arrays are arguments, not constants of the program: XLA would fold the whole computation at compile time.
+    # On this host's own device. The arrays are arguments, not constants of the program: XLA would fold the
+    # whole computation at compile time.
+    x, dy, weights = jax.device_put((x, dy, weights), jax.local_devices()[0])
     got = jax.jit(outputs, static_argnums=0)(fused, x, dy, *weights)
     expected = jax.jit(outputs, static_argnums=0)(plain_swiglu_along_leading_axis, x, dy, *weights)
     tolerance = TOLERANCE[cfg.forward_dtype]
@@ -116,8 +118,8 @@ def compare(cfg: ModelConfig, interpret: bool = False) -> dict[str, Any]:
         errors[name] = float(np.max(np.abs(a - b))) / scale if np.all(np.isfinite(a)) else float("inf")
     worst = max(errors, key=errors.get)
     return {
-        "device": str(jax.devices()[0].device_kind),
-        "platform": jax.devices()[0].platform,
+        "device": str(jax.local_devices()[0].device_kind),
+        "platform": jax.local_devices()[0].platform,
         "interpret": interpret,
         "dtype": cfg.forward_dtype,
         "shape": list(shape),
