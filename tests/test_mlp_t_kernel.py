@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from flax import nnx
 from jax.sharding import Mesh, PartitionSpec
+from model_configs import model_config
 
 from trm.model import mlp_t_kernel
-from trm.model.layers import SwiGLU, silu
+from trm.model.layers import Block, SwiGLU, silu
 
 pytestmark = pytest.mark.slow  # about 6 s each: interpret-mode Pallas and a TPU-branch trace
 
@@ -83,6 +84,11 @@ def test_the_kernel_is_compiled_for_tpu_only_and_the_cpu_keeps_the_plain_formula
     for other in (x[:, :, : mlp_t_kernel.COLUMNS // 2], x.astype(jnp.float16)):
         text = step.trace(state, other).lower(lowering_platforms=("tpu",)).as_text()
         assert "tpu_custom_call" not in text, (other.shape, other.dtype)
+    # arch.mlp_t_kernel: plain turns it off on TPU; the model's blocks pass the setting on.
+    off = per_device_swiglu(SwiGLU(16, 4.0, 256, rngs=nnx.Rngs(0), fused=False), x)
+    assert "tpu_custom_call" not in off.trace(state, x).lower(lowering_platforms=("tpu",)).as_text()
+    for setting, fused in (("auto", True), ("fused", True), ("plain", False)):
+        assert Block(model_config(mlp_t_kernel=setting), rngs=nnx.Rngs(0)).mlp_t.fused == fused, setting
 
     # On the CPU: the same value and gradients as the plain formulation outside shard_map, bit for bit.
     def total(state, x):

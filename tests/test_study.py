@@ -227,7 +227,8 @@ def test_plan_summary_and_each_jobs_estimate(tmp_path):
     puzzles = SMOKE.test_puzzles
     assert f"training, {-(-puzzles // 8) * 8} rows x 32 steps at the end" in costs.message("exp06_a")
     assert f"training, {puzzles} rows x 32 steps at the end" in costs.message("exp06_f")
-    first, training_line, evaluation_line = costs.message("exp06_a").splitlines()
+    first, training_line, evaluation_line, mlp_t = costs.message("exp06_a").splitlines()
+    assert mlp_t == "    MLP-T:      plain (arch.mlp_t_kernel auto)"  # on this machine's CPU
     assert (
         first
         == "train exp06_a: estimated on the job's 1 devices, from its FLOPs and batch at an assumed 10% of peak"

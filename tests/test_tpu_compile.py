@@ -40,6 +40,7 @@ TINY = [
 # (32 devices, 8 hosts of 2x2x1 chips), 8 rows per device (4 per micro-batch part).
 CASES = {
     "plain": ("v4-8", ["train.global_batch_size=64"]),
+    "kernel_off": ("v4-8", ["train.global_batch_size=64", "arch.mlp_t_kernel=plain"]),
     "accumulate_remat": (
         "v4-64",
         ["train.global_batch_size=256", "train.micro_batches=2", "train.remat=true"],
@@ -101,6 +102,11 @@ def test_real_steps_compile_for_v4_slices_with_one_all_reduce_and_the_analytic_f
         plain = out["plain"][step]
         extra = recomputed_flops(CASES["plain"]) if step == "train" else 0
         assert 1.0 <= (plain["flops"] - extra) / plain["model_flops"] < 1.05, (step, plain)
+    # arch.mlp_t_kernel: plain compiles the step without the kernel: no recomputation, the analytic FLOPs (and
+    # another program than the kernel's: XLA counts the plain MLP-T's elementwise work itself).
+    assert recomputed_flops(CASES["kernel_off"]) == 0 < recomputed_flops(CASES["plain"])
+    off = out["kernel_off"]["train"]
+    assert 1.0 <= off["flops"] / off["model_flops"] < 1.05 and off["flops"] != out["plain"]["train"]["flops"]
     # With accumulation the compiled loop body is counted once per micro-batch; remat adds the recomputed
     # forward of the differentiated recursion (at most one more forward of it: 1 + 1/3 of the train FLOPs).
     accumulated = out["accumulate_remat"]["train"]
@@ -113,14 +119,14 @@ def recomputed_flops(case: tuple[str, list[str]]) -> int:
     from trm.config import experiment_path, load_config
     from trm.data.format import sudoku_metadata
     from trm.launch.accelerators import accelerator
-    from trm.model import mlp_t_kernel
     from trm.model.config import ModelConfig
     from trm.model.flops import mlp_t_recompute_flops_per_example_step
+    from trm.model.mlp_t_path import uses_kernel
 
     chip, sets = case
     config = load_config(experiment_path("exp01c"), TINY + sets)
     rows_per_chip = config["train"]["global_batch_size"] // accelerator(chip).chips
     cfg = ModelConfig.from_dict(config["arch"], sudoku_metadata(1))
-    if not mlp_t_kernel.fits(rows_per_chip // config["train"]["micro_batches"], cfg.hidden_size):
+    if not uses_kernel(config, "tpu", accelerator(chip).chips):  # the rule the plan states, checked here
         return 0  # the plain formulation, no recomputation
     return rows_per_chip * mlp_t_recompute_flops_per_example_step(cfg)

@@ -43,10 +43,11 @@ def study(
     *,
     profile: dict | None = None,
     compiled: Path | None = None,
+    root: Path = REPO,
 ) -> Study:
     """The Study of config/config.yaml <- `profile` (a study file) <- `changes` (as from --config), its results and
     storage in `tmp_path`, and the committed compiled figures in `compiled` (default: an empty tmp_path/compiled,
-    not the repository's)."""
+    not the repository's); its experiments and groups those of the workflow at `root` (a `copy_workflow`)."""
     changes = copy.deepcopy(changes or {})
     # A deep copy of the result: the Study checks and converts its settings in place.
     settings = merged(DEFAULTS, {"results": str(tmp_path / "results"), "storage": str(tmp_path / "storage")})
@@ -62,8 +63,8 @@ def study(
         settings,
         source_of,
         str(REPO / "workflow/schemas/config.schema.yaml"),
-        str(REPO / "config/experiments"),
-        str(REPO / "config/groups.yaml"),
+        str(root / "config/experiments"),
+        str(root / "config/groups.yaml"),
         str(compiled or tmp_path / "compiled"),
     )
 

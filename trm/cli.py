@@ -49,6 +49,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "trm.launch.compile_check",
         "Compile experiments' train and eval steps for a TPU slice: HBM per chip, step time, MFU.",
     ),
+    "canary": (
+        "trm.study.canary",
+        "A few minutes on this machine's devices before a study: kernel, loss, replicas, checkpoint, step time.",
+    ),
     "guides": ("trm.study.guides", "Write the study guides (docs/experiments/) from config/groups.yaml."),
     "status": ("trm.study.status", "Show every run in storage: state, progress, accuracy, time to finish."),
     "summarize": (

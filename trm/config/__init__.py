@@ -13,6 +13,7 @@ from trm.config.checks import (
     training_steps,
 )
 from trm.config.load import (
+    ADDED_KEYS,
     BASE_CONFIG,
     CONFIG_DIR,
     EXPERIMENT_ID,
@@ -23,6 +24,7 @@ from trm.config.load import (
     dump_config,
     experiment_ids,
     experiment_path,
+    hashed_form,
     load_config,
     merged,
     parse_set,
@@ -33,6 +35,7 @@ from trm.config.load import (
 from trm.config.schema import SCHEMA_PATH, override_schema, schema
 
 __all__ = [
+    "ADDED_KEYS",
     "BASE_CONFIG",
     "CONFIG_DIR",
     "EXPERIMENTS_DIR",
@@ -51,6 +54,7 @@ __all__ = [
     "dump_config",
     "experiment_ids",
     "experiment_path",
+    "hashed_form",
     "load_config",
     "override_schema",
     "parse_set",

@@ -153,6 +153,7 @@ def validate_config(
     `origin` maps each dotted key to the source that set it; `base` names the base layer among them.
     """
     full = full_schema()
+    config = with_added_keys(config)
     check_document(config, source, full)
     config = floats_where_numbers(config, full)
     raise_if(impossible_values(config, origin or dict.fromkeys(leaves(config), source), base))
@@ -173,7 +174,7 @@ def load_config(
         if path is None:
             raise UserError("no config given: pass an experiment file, or a resolved config with base=None")
         foundation = str(path)
-        config = read_mapping(foundation)
+        config = with_added_keys(read_mapping(foundation))
         _check_complete(config, foundation)
         layers = []
     else:
@@ -214,9 +215,51 @@ def dump_config(config: dict) -> str:
     return json.dumps(config, sort_keys=True, indent=2, allow_nan=False) + "\n"
 
 
+# Keys added to config/base.yaml after runs had been trained without them, each with its neutral value: the value
+# that does what the code did before the key existed. At that value a key is left out of what names a run
+# (`config_hash`) and a compiled step (trm/launch/accelerators.py `step_config`): adding a key must not rename
+# every run dir, which would train every finished run of a study again. Any other value is hashed (it changes
+# the run's numbers). A resolved config written before a key existed (an older run dir's config.json) reads it
+# as its neutral value. docs/configuration.md, "Keys added later", says the same for users.
+ADDED_KEYS: dict[str, Any] = {
+    # The fused MLP-T kernel: auto is what every run did before (fused on TPU where it applies).
+    "arch.mlp_t_kernel": "auto",
+}
+
+
+def _parent(config: dict, dotted: str) -> tuple[dict | None, str]:
+    """The mapping that holds dotted key `dotted` in `config` (None where a section is missing) and its leaf."""
+    *path, leaf = dotted.split(".")
+    for key in path:
+        config = config.get(key) if isinstance(config, dict) else None
+    return (config if isinstance(config, dict) else None), leaf
+
+
+def hashed_form(config: dict) -> dict:
+    """`config` without the ADDED_KEYS that hold their neutral value: the part of it that names a run (a copy)."""
+    form = copy.deepcopy(config)
+    for dotted, neutral in ADDED_KEYS.items():
+        section, leaf = _parent(form, dotted)
+        if section is not None and leaf in section and section[leaf] == neutral:
+            del section[leaf]
+    return form
+
+
+def with_added_keys(config: dict) -> dict:
+    """A resolved config (a copy) with each of the ADDED_KEYS it lacks at its neutral value: how a config written
+    before a key existed is read."""
+    config = copy.deepcopy(config)
+    for dotted, neutral in ADDED_KEYS.items():
+        section, leaf = _parent(config, dotted)
+        if section is not None:
+            section.setdefault(leaf, neutral)
+    return config
+
+
 def config_hash(config: dict) -> str:
-    """First 12 hex digits of the sha256 of the compact, key-sorted JSON of `config`; run names derive from it."""
-    text = json.dumps(config, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    """First 12 hex digits of the sha256 of the compact, key-sorted JSON of `config` (its `hashed_form`); run names
+    derive from it."""
+    text = json.dumps(hashed_form(config), sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 

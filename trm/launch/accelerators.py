@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from trm.config import hashed_form
 from trm.errors import UserError
 
 GIB = 2**30
@@ -65,8 +66,9 @@ def step_config(config: dict) -> dict:
     """What the compiled train and evaluation steps of a run config depend on: the board (the sequence's length),
     the architecture (but not the exploration probability, an input of the step), the optimizer's kind and EMA,
     the batch and how it is split. Learning rates, schedules, epochs, seeds and data sizes change constants or the
-    number of steps, not the program's shapes, memory or FLOPs."""
-    arch = {k: v for k, v in config["arch"].items() if k != "halt_exploration_prob"}
+    number of steps, not the program's shapes, memory or FLOPs. Keys added later are left out at their neutral
+    values (trm/config/load.py ADDED_KEYS), as in the run's hash."""
+    arch = {k: v for k, v in hashed_form(config)["arch"].items() if k != "halt_exploration_prob"}
     optim = {k: config["optim"][k] for k in ("optimizer", "ema")}
     train = {k: config["train"][k] for k in ("global_batch_size", "micro_batches", "remat")}
     return {"data": {"board": config["data"]["board"]}, "arch": arch, "optim": optim, "train": train}

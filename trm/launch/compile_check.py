@@ -52,6 +52,7 @@ from trm.launch.accelerators import (
     step_figures,
     step_hash,
 )
+from trm.model.mlp_t_path import path_name
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 INSTALL_HINT = "pip install -e '.[tpu]' (libtpu for the pinned jax, i.e. pip install 'jax[tpu]==JAX')"
@@ -89,8 +90,9 @@ def main(args: argparse.Namespace) -> int:
     problems = []
     for exp_id in ids:
         config = load_config(experiment_path(exp_id), args.overrides)
+        mlp_t = path_name(config, "tpu", chip.chips)  # before compiling: a `fused` that cannot be stops here
         figures = cached_or_compiled(config, chip, args.cache, exp_id)
-        print(report(exp_id, figures, chip), flush=True)
+        print(report(exp_id, figures, chip, mlp_t), flush=True)
         if problem := fit_problem(exp_id, config, figures, chip):
             problems.append(problem)
     if problems:
@@ -251,9 +253,11 @@ def mfu(step: dict, chip: Accelerator) -> float:
     return step["model_flops"] / (chip.peak_flops * roofline_seconds(step, chip))
 
 
-def report(exp_id: str, figures: dict, chip: Accelerator) -> str:
+def report(exp_id: str, figures: dict, chip: Accelerator, mlp_t: str | None = None) -> str:
+    """The figures of an experiment's steps; `mlp_t`: the train step's MLP-T path (trm/model/mlp_t_path.py)."""
+    path = f"; MLP-T: {mlp_t}" if mlp_t else ""
     lines = [
-        f"{exp_id} on a {chip.name} ({figures['devices']} chips, {chip.hbm_bytes / GIB:.0f} GiB HBM each):"
+        f"{exp_id} on a {chip.name} ({figures['devices']} chips, {chip.hbm_bytes / GIB:.0f} GiB HBM each{path}):"
     ]
     for name in ("train", "eval"):
         step = figures[name]

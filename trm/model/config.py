@@ -44,6 +44,7 @@ class ModelConfig:
     rope_theta: float
     forward_dtype: str
     loss: str
+    mlp_t_kernel: str  # auto | fused | plain (trm/model/mlp_t_path.py)
 
     @classmethod
     def from_dict(cls, arch: dict[str, Any], dataset_meta: dict[str, Any]) -> ModelConfig:

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from trm.model import mlp_t_kernel
+from trm.model import mlp_t_kernel, mlp_t_path
 from trm.model.config import ModelConfig
 
 # The std of a standard normal truncated to [-2, 2]; dividing by it makes the truncated sample's std exact.
@@ -92,8 +92,12 @@ class Linear(nnx.Module):
         makes XLA:CPU transpose in the backward, 2.3x slower in float32). The same sums either way; the
         choice is made when the step is compiled for its platform.
         """
-        weight = self.weight[...].astype(x.dtype)
-        return jax.lax.platform_dependent(weight, x, tpu=_leading_contraction, default=_flattened_matmul)
+        return along_leading_axis(self.weight[...].astype(x.dtype), x)
+
+
+def along_leading_axis(weight: jax.Array, x: jax.Array) -> jax.Array:
+    """y[o, ...] = sum_i weight[i, o] x[i, ...], in the form for the platform compiled for (Linear's)."""
+    return jax.lax.platform_dependent(weight, x, tpu=_leading_contraction, default=_flattened_matmul)
 
 
 def _flattened_matmul(weight: jax.Array, x: jax.Array) -> jax.Array:
@@ -108,10 +112,11 @@ def _leading_contraction(weight: jax.Array, x: jax.Array) -> jax.Array:
 class SwiGLU(nnx.Module):
     """down(silu(gate) * up) over the last axis, with a fused gate|up projection (gate first), no biases."""
 
-    def __init__(self, width: int, expansion: float, multiple: int, *, rngs: nnx.Rngs):
+    def __init__(self, width: int, expansion: float, multiple: int, *, rngs: nnx.Rngs, fused: bool = True):
         inner = swiglu_width(width, expansion, multiple)
         self.gate_up_proj = Linear(width, 2 * inner, rngs=rngs)
         self.down_proj = Linear(inner, width, rngs=rngs)
+        self.fused = fused  # may along_leading_axis use the fused kernel (arch.mlp_t_kernel not plain)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         gate, up = jnp.split(self.gate_up_proj(x), 2, axis=-1)
@@ -123,11 +128,12 @@ class SwiGLU(nnx.Module):
         On TPU, inside shard_map (the train step: per-device arrays), one fused kernel per block of columns
         (trm/model/mlp_t_kernel.py) keeps the [2 * inner, columns] gate|up block on chip instead of writing
         it to HBM and reading it back (docs/tpu.md, "Where the step's bytes go"). Elsewhere, and where the
-        compiler partitions the arrays itself (a Pallas kernel would be given whole, gathered arrays), the
-        plain formulation below; on CPU and GPU it is the only one, so their results are unchanged.
+        compiler partitions the arrays itself (a Pallas kernel would be given whole, gathered arrays), or
+        with `fused` off (arch.mlp_t_kernel: plain), the plain formulation below; on CPU and GPU it is the
+        only one, so their results are unchanged.
         """
         weights = (self.gate_up_proj.weight[...].astype(x.dtype), self.down_proj.weight[...].astype(x.dtype))
-        if _per_device_arrays() and mlp_t_kernel.applies(x, *weights):
+        if self.fused and _per_device_arrays() and mlp_t_kernel.applies(x, *weights):
             return jax.lax.platform_dependent(
                 x,
                 *weights,
@@ -137,8 +143,15 @@ class SwiGLU(nnx.Module):
         return self._plain_along_leading_axis(x)
 
     def _plain_along_leading_axis(self, x: jax.Array, *_weights: jax.Array) -> jax.Array:
-        gate, up = jnp.split(self.gate_up_proj.along_leading_axis(x), 2, axis=0)
-        return self.down_proj.along_leading_axis(silu(gate) * up)
+        weights = (self.gate_up_proj.weight[...], self.down_proj.weight[...])
+        return plain_swiglu_along_leading_axis(x, *(w.astype(x.dtype) for w in weights))
+
+
+def plain_swiglu_along_leading_axis(x: jax.Array, w_gate_up: jax.Array, w_down: jax.Array) -> jax.Array:
+    """SwiGLU.along_leading_axis's plain formulation as a function of its weights (in x's dtype): what the
+    fused kernel is checked against (trm/train/kernel_check.py)."""
+    gate, up = jnp.split(along_leading_axis(w_gate_up, x), 2, axis=0)
+    return along_leading_axis(w_down, silu(gate) * up)
 
 
 def _per_device_arrays() -> bool:
@@ -182,7 +195,8 @@ class Block(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.eps = cfg.rms_norm_eps
         if cfg.mlp_t:
-            self.mlp_t = SwiGLU(cfg.total_len, cfg.expansion, cfg.swiglu_multiple, rngs=rngs)
+            fused = cfg.mlp_t_kernel != mlp_t_path.PLAIN
+            self.mlp_t = SwiGLU(cfg.total_len, cfg.expansion, cfg.swiglu_multiple, rngs=rngs, fused=fused)
         else:
             self.self_attn = Attention(cfg.hidden_size, cfg.num_heads, rngs=rngs)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.expansion, cfg.swiglu_multiple, rngs=rngs)

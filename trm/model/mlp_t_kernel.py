@@ -5,8 +5,9 @@ columns n independently. XLA computes this as two matmuls with the [2 * inner, B
 to HBM by the first and read back by the second (0.2 GB per call at the baseline); here each grid step keeps
 its block's gate|up on chip, so a call reads x and writes y only. The backward recomputes gate|up from x
 (one more matmul) instead of saving anything, and accumulates the weight gradients in float32 per block of
-rows. Used on TPU only (trm/model/layers.py); the results match the plain formulation up to the order of
-the float32 sums of the weight gradients (tests/test_mlp_t_kernel.py runs both on CPU in interpret mode).
+rows. Used on TPU only, where `arch.mlp_t_kernel` allows it (trm/model/layers.py); the results match the plain
+formulation up to the order of the float32 sums of the weight gradients (tests/test_mlp_t_kernel.py runs both on
+CPU in interpret mode; trm/train/kernel_check.py on a run's device before its first step).
 """
 
 from __future__ import annotations
@@ -18,13 +19,11 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-# A grid step's block of x: all S rows, ROWS of the B axis and COLUMNS of the D axis. A TPU holds an array
-# in (8, 128) tiles over its last two axes, so these are the smallest aligned blocks; larger ones multiply
-# the unrolled kernel code (and its compile time) without reading fewer bytes.
-ROWS, COLUMNS = 8, 128
-# What the kernel compiles for on a v4: Mosaic (libtpu 0.0.42.1) fails on a float16 kernel ("Invalid vector
-# type for load"), so a float16 forward (exp07c) keeps the plain formulation.
-DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
+from trm.model import mlp_t_path
+from trm.model.mlp_t_path import COLUMNS, ROWS, fits
+
+# The blocks and dtypes the kernel takes are stated with the rule that chooses it (trm/model/mlp_t_path.py).
+DTYPES = tuple(jnp.dtype(name) for name in mlp_t_path.DTYPES)
 
 
 def applies(x: jax.Array, *weights: jax.Array) -> bool:
@@ -33,11 +32,6 @@ def applies(x: jax.Array, *weights: jax.Array) -> bool:
     formulation)."""
     same_axes = all(jax.typeof(w).mat == jax.typeof(x).mat for w in weights)
     return x.ndim == 3 and fits(*x.shape[1:]) and x.dtype in DTYPES and same_axes
-
-
-def fits(rows: int, width: int) -> bool:
-    """Whether a device's [S, rows, width] activations split into whole blocks."""
-    return rows % ROWS == 0 and width % COLUMNS == 0
 
 
 def _like(x: jax.Array, shape: tuple[int, ...], dtype) -> jax.ShapeDtypeStruct:

@@ -15,6 +15,8 @@ A run dir is a local path, file:// or gs:// URL; the study names it by its confi
                     rows each count was scored on)
   test_time.progress.json   its sums so far, also saved at its end: to continue it (trm/train/test_time.py)
   final.json        the final evaluation and the run's summary
+  kernel_check.json the fused MLP-T kernel against the plain formulation on the run's device, before its first
+                    step (trm/train/kernel_check.py); only where the train step uses the kernel
   provenance.json   where imported weights came from (`trm import-torch`)
   _SUCCESS          written last: the run finished
 
@@ -41,6 +43,7 @@ LEASE_LOCK = "lease.lock"
 TEST_TIME = "test_time.json"
 TEST_TIME_PROGRESS = "test_time.progress.json"
 FINAL = "final.json"
+KERNEL_CHECK = "kernel_check.json"
 PROVENANCE = "provenance.json"
 SUCCESS = "_SUCCESS"
 

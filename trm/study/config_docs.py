@@ -39,6 +39,13 @@ The resolved config is written to each run directory as canonical JSON (`dump_co
 `load_config(path, base=None)` reads it back without the repository. `config_hash` (sha256 of that JSON, 12 hex
 digits) names runs: the same resolved config always lands in the same place.
 
+Keys added later: a key added to `config/base.yaml` after runs were trained without it (so far
+`arch.mlp_t_kernel`) has a neutral value, the one that does what the code did before the key existed (`auto`).
+At that value the key is left out of the hashed text (`ADDED_KEYS` in trm/config/load.py), so adding it renames
+no run dir and no finished run of a study is trained again; any other value is hashed, because it changes the
+run's numbers (the fused kernel adds float32 sums in another order). A resolved config written before the key
+existed (an older run dir's config.json) reads it as the neutral value.
+
 From the shell: `trm config exp06_f --set train.epochs=25000` prints the resolved config, `--hash` its hash,
 `--output FILE` writes it, `--resolved` checks a resolved file, and `trm config --list` lists the experiment ids.
 As written, an experiment is at the paper scale; `--scale smoke` applies the smoke scale's rules as the study

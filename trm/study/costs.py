@@ -26,7 +26,9 @@ from typing import Protocol
 
 from trm.checkout import checkout_path
 from trm.config import experiment_path, load_config
+from trm.errors import UserError
 from trm.launch.accelerators import step_figures
+from trm.model.mlp_t_path import path_name
 from trm.study.estimate import (
     CostCache,
     accelerator_hours,
@@ -39,7 +41,7 @@ from trm.study.estimate import (
     training_flops,
     training_steps,
 )
-from trm.study.measured import Measurements, finished_runs, step_key
+from trm.study.measured import Measurements, finished_runs, measured_step_s, step_key
 from trm.study.plan import PlannedRun, experiment_of
 
 # The compiled figures kept in the repository (the plan of a fresh clone, which has compiled nothing, uses them).
@@ -93,6 +95,8 @@ class Costs:
         self.compiled: dict[str, str] = {}
         # A local study's measured runs (the local backend runs on this machine; TPU jobs do not).
         self.measured = Measurements(study.results) if study.backend == "local" else None
+        # Each run's MLP-T path in its train step (None without MLP-T); a `fused` that cannot be is an error now.
+        self.mlp_t: dict[str, str | None] = {exp.id: self._mlp_t_path(exp) for exp in study.plan.values()}
         # Kept in memory while planning; written by `save_cache` once jobs will run (a dry run writes nothing).
         cache = self._cache = CostCache(os.path.join(config["results"], ".cache", "model-costs.json"))
         for exp in study.plan.values():
@@ -149,9 +153,25 @@ class Costs:
                 for k, v in flops.items()
             }
             self.source[exp.id] = ASSUMED
+        # Training at the step time `trm canary` measured for a run's step on its job's devices, where it did.
+        self.canary: dict[str, str] = {}
+        for exp in study.plan.values():
+            devices = study.job_devices(exp.id)
+            if found := measured_step_s(config["results"], exp.config, devices):
+                step_s, self.canary[exp.id] = found
+                training = training_steps(exp.config) * step_s * devices / 3600
+                self.hours[exp.id] = {**self.hours[exp.id], "training": training}
         self.finished = finished_runs(
             study.results, {exp.hash: study.run_url(exp.id) for exp in study.plan.values()}
         )
+
+    def _mlp_t_path(self, exp) -> str | None:
+        study = self.study
+        platform = "tpu" if study.backend == "tpu-vm" else study.config["launch"]["platform"]
+        try:
+            return path_name(exp.config, platform, study.job_devices(exp.id))
+        except UserError as err:
+            raise UserError(f"{exp.path} at the {study.scale} scale: {err}") from None
 
     def save_cache(self) -> None:
         """Keep the model costs computed while planning, so that the next plan needs no JAX import."""
@@ -259,6 +279,11 @@ class Costs:
             lines += self._hours_lines(todo)
             if figures := self._figures_line(todo):
                 lines.append(figures)
+            if canary := [first for first in todo if first in self.canary]:
+                where = os.path.dirname(self.canary[canary[0]])
+                lines.append(
+                    f"  {'canary:':<12}training of {len(canary)} runs at the step times measured in {where}/"
+                )
         if self.measured and (last := self.measured.last_study()):
             path, measured, estimated = last
             lines.append(
@@ -352,6 +377,10 @@ class Costs:
             source = f"from its FLOPs and batch at {self._assumed()}"
         else:
             source = self._source_words(source, "its")
+        if exp_id in self.canary:
+            source = (
+                f"training at the step time trm canary measured ({self.canary[exp_id]}), the rest {source}"
+            )
         unit = self.device_hours
         lines = [
             f"train {exp_id}: estimated on the job's {devices} devices, {source}{replicate}",
@@ -361,4 +390,8 @@ class Costs:
         ]
         if hours.get("start-up"):
             lines.append(f"    start-up:   {hours['start-up'] / devices * 3600:.3g} s (measured per job)")
+        if self.mlp_t[exp_id]:
+            lines.append(
+                f"    MLP-T:      {self.mlp_t[exp_id]} (arch.mlp_t_kernel {config['arch']['mlp_t_kernel']})"
+            )
         return "\n".join(lines)

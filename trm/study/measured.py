@@ -28,7 +28,8 @@ import os
 import statistics
 from dataclasses import dataclass
 
-from trm.launch.accelerators import step_config
+from trm import storage
+from trm.launch.accelerators import step_config, step_hash
 from trm.launch.job import job_path
 from trm.run import layout
 from trm.study.selection import SELECTIONS
@@ -44,6 +45,28 @@ COLUMNS = (
     "wall_time_s",
     "accelerator_hours",
 )
+
+
+# Where `trm canary` keeps the step times it measured, under the workflow's results folder: one file per step
+# (its program, trm/launch/accelerators.py step_hash, and the devices it ran on), read by every plan's costs.
+MEASURED_STEPS = "measured"
+
+
+def measured_step_path(results: str, config: dict, devices: int) -> str:
+    """The file of the step time measured for `config`'s step on `devices` devices: RESULTS/measured/HASH-N.json."""
+    return storage.join(results, MEASURED_STEPS, f"{step_hash(config)}-{devices}.json")
+
+
+def measured_step_s(results: str, config: dict, devices: int) -> tuple[float, str] | None:
+    """(seconds per step, the file) that `trm canary` measured for `config`'s step on `devices` devices; None
+    where it measured none (or its file is unreadable: the plan then estimates as before)."""
+    path = measured_step_path(results, config, devices)
+    try:
+        with open(path) as stream:
+            step_s = float(json.load(stream)["step_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return (step_s, path) if math.isfinite(step_s) and step_s > 0 else None
 
 
 def step_key(config: dict, devices: int) -> str:

@@ -22,6 +22,7 @@ from trm.train.checkpoint import Checkpointer
 from trm.train.ema import eval_params
 from trm.train.evaluator import Evaluator, evaluate
 from trm.train.hostlog import HostLog
+from trm.train.kernel_check import check_run
 from trm.train.records import MetricsLog, MetricWindow, best_evaluation, row_means
 from trm.train.run_data import check_resumed_data, load_run_data
 from trm.train.schedule import cycles_at, halt_exploration_at
@@ -48,16 +49,14 @@ class Trainer:
         self.config = config
         self.config_hash = config_hash or run_config.config_hash(config)  # a job's, from --config-hash
         self.data_url = data_url
-        self.test_time_steps = test_time_steps
-        self.test_time_subset = test_time_subset
+        self.test_time_steps, self.test_time_subset = test_time_steps, test_time_subset
         self.run_dir = run_dir
         self.log_every = log_every
-        self.train_cfg = config["train"]
+        self.train_cfg = tc = config["train"]
         self.host_log = host_log
         self.process_index, self.process_count = jax.process_index(), jax.process_count()
         self.is_writer = self.process_index == 0
         self.mesh = distributed.data_mesh()
-        tc = self.train_cfg
         check_train_config(tc, self.mesh.size)
         self._check_run_dir()
         if host_log is not None:
@@ -84,6 +83,7 @@ class Trainer:
         )
         self.total_steps = run_config.training_steps(config, self.batches.num_groups)
         self.model = ModelTemplate(self.model_cfg, seed=tc["seed"])
+        self.kernel_check = check_run(config, self.model_cfg, self.mesh.size, run_dir, self.is_writer)
         self.train_step = TrainStep(self.model, config, self.total_steps, self.mesh)
         self.evaluator = Evaluator(self.model, (tc["eval_steps"],), self.mesh)
         self.checkpoints = Checkpointer(
