@@ -3,22 +3,28 @@ bit; the noise is reproducible from its seed and independent of batching and of 
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 import numpy as np
 import pytest
 from tiny_run import TRAINED
 
+from trm.analysis.summary import summarize
+from trm.cli import main as trm
 from trm.errors import UserError
 from trm.train.evaluate_checkpoint import load_eval_split
 from trm.train.evaluator import Evaluator, evaluate
+from trm.train.final_evaluation import run_final_evaluation
 from trm.train.sampled import (
-    SAMPLED_STATS,
     SampledEvaluator,
     SampledTally,
-    check_sampling,
     choose,
     evaluate_sampled,
     puzzles_per_batch,
 )
+from trm.train.sampling import SAMPLED_STATS, Sampling, check_sampling
 from trm.train.step import ModelTemplate
 from trm.train.weights import load_weights
 
@@ -32,7 +38,7 @@ def checkpoint(trained) -> dict:
     split = load_eval_split(str(trained["built"]), "test", str(trained["cache"]))
     evaluator = Evaluator(ModelTemplate(weights.model_cfg, seed=0), COUNTS)
     on_device = evaluator.put_weights(weights.params, weights.puzzle_emb, weights.buffers)
-    return {"split": split, "evaluator": evaluator, "on_device": on_device}
+    return {"split": split, "evaluator": evaluator, "on_device": on_device, "step": weights.step, **trained}
 
 
 def _sampled(checkpoint, trajectories, sigma, seed=0, batch=4, **kwargs):
@@ -131,3 +137,102 @@ def test_the_noise_is_reproducible_from_its_seed_whatever_the_batching_and_a_sto
         assert record["oracle_exact_accuracy"] >= max(
             record["q_exact_accuracy"], record["vote_exact_accuracy"]
         )
+
+
+# ------------------------------------------------------------------------------------- a run's final evaluation
+
+
+def _final(checkpoint, run: Path, stop=lambda _b: False, trajectories=(1, 3)):
+    """The final evaluation of `trm train` on a copy of the trained run: a subset of 5 puzzles, noise 0.5."""
+    return run_final_evaluation(
+        checkpoint["evaluator"],
+        checkpoint["on_device"],
+        checkpoint["split"],
+        run_dir=str(run),
+        counts=COUNTS,
+        headline=COUNTS[0],
+        subset=5,
+        sampling=Sampling(trajectories, 0.5),
+        batch_size=4,
+        summary={"checkpoint": "the trained run", "checkpoint_step": checkpoint["step"], "data": "easy"},
+        writer=True,
+        stop=stop,
+    )
+
+
+def _fresh_copy(checkpoint, path: Path) -> Path:
+    """The trained run without its final evaluation's files."""
+    shutil.copytree(checkpoint["run"], path)
+    for name in ("test_time.json", "test_time.progress.json"):
+        (path / name).unlink(missing_ok=True)
+    return path
+
+
+@pytest.mark.slow
+def test_a_stopped_sampled_evaluation_resumes_to_the_same_figures_and_the_summary_reads_them(
+    checkpoint, tmp_path
+):
+    whole = _fresh_copy(checkpoint, tmp_path / "whole")
+    assert _final(checkpoint, whole) is not None
+    written = json.loads((whole / "sampled.json").read_text())
+    assert written["rows"] == {"subset_size": 5, "subset_seed": 0} and written["sigma"] == 0.5
+    assert [(r["trajectories"], r["steps"], r["count"]) for r in written["results"]] == [
+        (k, count, 5) for k in (1, 3) for count in COUNTS
+    ]
+    # Batches: 3 of the headline's 12 puzzles, 2 of the subset's 5, 2 of K = 1 (4 puzzles each), 5 of K = 3 (one
+    # puzzle of 3 rows each). Stopped after the 9th, K = 3's second, then relaunched: the same file, and only K = 3's
+    # last 3 batches evaluated again.
+    stopped = _fresh_copy(checkpoint, tmp_path / "stopped")
+    calls, resumed = [], []
+    assert _final(checkpoint, stopped, stop=lambda b: calls.append(b) or len(calls) == 9) is None
+    assert (stopped / "sampled.progress.json").exists()
+    assert [r["trajectories"] for r in json.loads((stopped / "sampled.json").read_text())["results"]] == [
+        1,
+        1,
+    ]
+    assert _final(checkpoint, stopped, stop=lambda b: resumed.append(b) or False) is not None
+    assert json.loads((stopped / "sampled.json").read_text()) == written
+    assert len(resumed) == 3
+    # The summary holds what the workflow asks for, and refuses what the run did not sample.
+    summary = summarize(str(stopped), COUNTS, Sampling((3, 1), 0.5))
+    assert [(r["trajectories"], r["steps"]) for r in summary["sampled"]] == [(3, 2), (3, 4), (1, 2), (1, 4)]
+    three = summary["sampled"][0]
+    assert summary["sampled_q_exact_accuracy"] == three["q_exact_accuracy"]
+    assert summary["sampled_oracle_exact_accuracy"] == three["oracle_exact_accuracy"]
+    with pytest.raises(UserError, match=r"no \(trajectories, steps\) \(2, 2\), \(2, 4\)"):
+        summarize(str(stopped), COUNTS, Sampling((1, 2), 0.5))
+    with pytest.raises(UserError, match="at noise 0.5, not step"):
+        summarize(str(stopped), COUNTS, Sampling((1,), 0.3))
+    assert (
+        "sampled" not in summarize(str(stopped), COUNTS)
+        and summarize(str(stopped), COUNTS)["sampled_vote_exact_accuracy"] is None
+    )
+    # A K added later is sampled alone.
+    added = []
+    _final(checkpoint, stopped, stop=lambda b: added.append(b) or False, trajectories=(1, 3, 2))
+    assert [r["trajectories"] for r in json.loads((stopped / "sampled.json").read_text())["results"]] == [
+        *(1, 1, 3, 3, 2, 2)
+    ]
+    assert len(added) == 3  # K = 2: 2 puzzles of 2 rows per batch
+
+
+@pytest.mark.slow
+def test_trm_evaluate_samples_and_refuses_bad_settings_in_one_line(trained, tmp_path, capsys):
+    args = ["evaluate", "--checkpoint", str(trained["run"]), "--data", str(trained["built"]), "--steps", "2"]
+    args += ["--cache-dir", str(trained["cache"])]
+    out = tmp_path / "eval.json"
+    assert trm([*args, "--trajectories", "1,2", "--noise", "0", "--out", str(out)]) == 0
+    written = json.loads(out.read_text())
+    plain, (one, two) = written["results"][0], written["sampled"]
+    assert (one["trajectories"], two["trajectories"], one["sigma"]) == (1, 2, 0.0)
+    assert one["q_exact_accuracy"] == two["vote_exact_accuracy"] == plain["exact_accuracy"]  # no noise
+    assert (tmp_path / "eval-sampled.csv").read_text().count("\n") == 3
+    for bad, named in (
+        ("--trajectories=0", "--trajectories"),
+        ("--noise=-1", "--noise"),
+        ("--noise=nan", "--noise"),
+    ):
+        capsys.readouterr()
+        assert trm([*args, "--trajectories", "2", bad]) == 2
+        err = capsys.readouterr().err
+        assert named in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2

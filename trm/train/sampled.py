@@ -24,35 +24,21 @@ time, as the deterministic one does, whatever K.
 
 from __future__ import annotations
 
+import copy
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from trm.data.format import SplitData
-from trm.errors import UserError
 from trm.run.distributed import batch_sharded, put_host_rows
 from trm.train.batches import eval_batches
 from trm.train.evaluator import Evaluator, _all_rows
 from trm.train.records import Tally
-
-# The defaults, from the papers' Sudoku-Extreme settings: noise sd 0.3 (the paired third-party evaluation of
-# PTRM, and PTRM's released Sudoku configuration), K = 16 trajectories at 16 supervision steps.
-DEFAULT_TRAJECTORIES = (16,)
-DEFAULT_SIGMA = 0.3
-DEFAULT_SEED = 0
-
-SAMPLED_STATS = (
-    "q_exact_accuracy",
-    "q_accuracy",
-    "vote_exact_accuracy",
-    "vote_accuracy",
-    "oracle_exact_accuracy",
-    "trajectory_exact_accuracy",
-)
+from trm.train.sampling import DEFAULT_SEED, SAMPLED_STATS, check_sampling
 
 
 class SampledTally(Tally):
@@ -60,17 +46,6 @@ class SampledTally(Tally):
 
     STATS = SAMPLED_STATS
     SD = ()
-
-
-def check_sampling(trajectories: Sequence[int], sigma: float, option: str = "--trajectories") -> None:
-    """UserError naming the setting when a count of trajectories is below 1 or sigma is negative or not finite."""
-    bad = [k for k in trajectories if not isinstance(k, int) or k < 1]
-    if bad or not trajectories:
-        raise UserError(
-            f"{option} {list(trajectories)}: expected positive integers (trajectories per puzzle)"
-        )
-    if not math.isfinite(sigma) or sigma < 0:
-        raise UserError(f"noise sigma {sigma}: expected a finite number >= 0 (0: no noise)")
 
 
 class SampledEvaluator:
@@ -86,6 +61,13 @@ class SampledEvaluator:
         self.sigma = float(sigma)
         self.seed = seed
         self._step = jax.jit(self._one_step, out_shardings=batch_sharded(evaluator.mesh))
+
+    def with_trajectories(self, trajectories: int) -> SampledEvaluator:
+        """This evaluator with another K, running the same compiled program (nothing in it depends on K)."""
+        check_sampling([trajectories], self.sigma)
+        other = copy.copy(self)
+        other.trajectories = trajectories
+        return other
 
     def _one_step(self, params, puzzle_emb, buffers, state, batch, t, max_steps, seed):
         noise = None

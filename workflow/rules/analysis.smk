@@ -19,6 +19,7 @@ rule aggregate:
         ),
         curves=f"{TABLE}-curves.csv",
         test_time=f"{TABLE}-test-time.csv",
+        sampled=f"{TABLE}-sampled.csv",
     params:
         trm=TRM,
         ids=[exp for exp in PLAN if exp not in study.floor_only],
