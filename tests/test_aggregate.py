@@ -78,11 +78,21 @@ def test_the_table_is_the_summaries_metrics_in_the_registrys_order(results):
     curves = pd.read_csv(f"{output}-curves.csv")
     assert list(curves.columns) == ["id", "run", "group", *CURVE_METRICS]
     test_time = pd.read_csv(f"{output}-test-time.csv")
-    assert list(test_time.columns) == ["id", "run", "group", "baseline", *TEST_TIME_METRICS]
+    assert list(test_time.columns) == [
+        "id",
+        "run",
+        "group",
+        "baseline",
+        *TEST_TIME_METRICS,
+        "flops_per_puzzle",
+    ]
     assert list(test_time["baseline"]) == [False, True, True]
     # The sampled recursion beside it: one row per run, count and K.
     sampled = pd.read_csv(f"{output}-sampled.csv")
-    assert list(sampled.columns) == ["id", "run", "group", "baseline", *SAMPLED_METRICS]
+    assert list(sampled.columns) == ["id", "run", "group", "baseline", *SAMPLED_METRICS, "flops_per_puzzle"]
+    # The test-time compute of one answer: K trajectories x 16 steps x one supervision step's forward FLOPs.
+    one = test_time.set_index("run")["flops_per_puzzle"]
+    assert list(sampled["flops_per_puzzle"]) == [k * one[run] for run in sampled["run"][::2] for k in (1, 4)]
     assert list(sampled["trajectories"]) == [1, 4] * 3 and list(sampled["id"]) == [
         e for e in EXPERIMENTS for _ in "ab"
     ]

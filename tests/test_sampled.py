@@ -14,6 +14,7 @@ from tiny_run import TRAINED
 from trm.analysis.summary import summarize
 from trm.cli import main as trm
 from trm.errors import UserError
+from trm.study.estimate import describe_evaluation, evaluation_flops, evaluation_passes
 from trm.train.evaluate_checkpoint import load_eval_split
 from trm.train.evaluator import Evaluator, evaluate
 from trm.train.final_evaluation import run_final_evaluation
@@ -22,9 +23,8 @@ from trm.train.sampled import (
     SampledTally,
     choose,
     evaluate_sampled,
-    puzzles_per_batch,
 )
-from trm.train.sampling import SAMPLED_STATS, Sampling, check_sampling
+from trm.train.sampling import SAMPLED_STATS, Sampling, check_sampling, puzzles_per_batch
 from trm.train.step import ModelTemplate
 from trm.train.weights import load_weights
 
@@ -87,6 +87,26 @@ def test_a_batch_holds_whole_puzzles_split_evenly_over_the_devices():
     assert puzzles_per_batch(192, 500, 1000, 1) == 1  # K above the batch: one puzzle at a time
     assert puzzles_per_batch(6144, 16, 43008, 32) == 384 and 384 * 16 % 32 == 0
     assert puzzles_per_batch(32, 3, 1000, 4) * 3 % 4 == 0  # 3 trajectories on 4 devices: 12 rows
+
+
+def test_the_plan_counts_each_ks_pass_over_the_curves_puzzles():
+    config = {
+        "train": {"global_batch_size": 6144, "eval_subset": 8192, "epochs": 50000, "eval_interval": 5000}
+    }
+    config["train"]["eval_steps"] = 16
+    steps = (16, 32, 64, 128)
+    plain = evaluation_passes(config, 423_168, steps, 32, 43_008)
+    grid = evaluation_passes(config, 423_168, steps, 32, 43_008, (1, 4, 16, 64))
+    assert plain["sampled"] == (0, 0, 0) and {**grid, "sampled": (0, 0, 0)} == plain
+    # 43,008 puzzles x (1 + 4 + 16 + 64) rows, in whole batches of 6,144 rows, to the largest count: 85 times the
+    # curve's pass.
+    assert grid["sampled"] == (1, 85 * 43_008, 128) and grid["sampled"][1] == 85 * plain["test_time"][1]
+    assert "then 3655680 rows x 128 steps sampling trajectories" in describe_evaluation(grid, steps)
+    costs = {"eval_flops_per_example_step": 1.0}
+    added = evaluation_flops(config, costs, 423_168, steps, 32, 43_008, (4,)) - evaluation_flops(
+        config, costs, 423_168, steps, 32, 43_008
+    )
+    assert added == 4 * 43_008 * 128
 
 
 def test_bad_settings_are_refused_naming_them():

@@ -265,6 +265,19 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     ]
     assert list(test_time["baseline"]) == [False] * 6 + [True] * 4
     assert test_time["exact_accuracy"].between(0, 1).all() and test_time["accuracy"].between(0, 1).all()
+    # Beside it the sampled recursion (test_time_trajectories.smoke), on the curve's 64 puzzles: K = 4 per count.
+    sampled = pd.read_csv(analysis / "table-sampled.csv")
+    assert list(zip(sampled["run"], sampled["trajectories"], sampled["steps"], strict=True)) == [
+        (run, 4, steps)
+        for run in ("exp01a", "exp04a_100", "ref_paper", "exp01c", "exp01c~s1")
+        for steps in (16, 32)
+    ]
+    assert (sampled["sigma"] == 0.3).all() and (sampled["count"] == 64).all()
+    assert (
+        list(test_time["count"]) == [SMOKE.test_puzzles, 64] * 5
+    )  # the headline's whole split, the curve's 64
+    assert (sampled["oracle_exact_accuracy"] >= sampled["q_exact_accuracy"]).all()
+    assert table["sampled_oracle_exact_accuracy"].between(0, 1).all()
     # Each run's one local file is its summary, read from the run dir in storage after its _SUCCESS marker.
     summary = json.loads((results / "runs/exp01a.json").read_text())
     assert sorted(p.name for p in (results / "runs").iterdir()) == [

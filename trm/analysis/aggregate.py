@@ -43,6 +43,7 @@ from trm.study.metrics import (
     RUN_METRICS,
     SAMPLED_METRICS,
     SUMMARY_METRICS,
+    TEST_TIME_FLOPS,
     TEST_TIME_METRICS,
 )
 from trm.study.plan import experiment_of, seedless_hash
@@ -67,8 +68,8 @@ RUN_TABLE_COLUMNS = (
     "weights_sha256",
     "floor_only",
 )
-TEST_TIME_COLUMNS = ("id", "run", "group", "baseline", *TEST_TIME_METRICS)
-SAMPLED_COLUMNS = ("id", "run", "group", "baseline", *SAMPLED_METRICS)
+TEST_TIME_COLUMNS = ("id", "run", "group", "baseline", *TEST_TIME_METRICS, TEST_TIME_FLOPS.key)
+SAMPLED_COLUMNS = ("id", "run", "group", "baseline", *SAMPLED_METRICS, TEST_TIME_FLOPS.key)
 CURVE_COLUMNS = ("id", "run", "group", *CURVE_METRICS)
 
 
@@ -155,8 +156,9 @@ def aggregate(
         costs = model_costs(config)
         # The training job's work: training, then the evaluations (the last one to the test-time counts).
         evaluated_steps = [result["steps"] for result in summary["test_time"]]
+        trajectories = sorted({r["trajectories"] for r in summary.get("sampled", [])})
         flops = training_flops(config, costs) + evaluation_flops(
-            config, costs, test_puzzles, evaluated_steps, summary["devices"]
+            config, costs, test_puzzles, evaluated_steps, summary["devices"], trajectories=trajectories
         )
         arch = config["arch"]
         computed = {  # the table's own metrics (RUN_METRICS with source "table"); the rest are the summary's
@@ -188,12 +190,14 @@ def aggregate(
             }
         )
         curves += [{"id": exp_id, "run": run_id, "group": group["id"], **point} for point in summary["curve"]]
+        row = {"id": exp_id, "run": run_id, "group": group["id"], "baseline": is_baseline}
+        step_flops = costs["eval_flops_per_example_step"]
         test_time += [
-            {"id": exp_id, "run": run_id, "group": group["id"], "baseline": is_baseline, **result}
+            {**row, **result, TEST_TIME_FLOPS.key: result["steps"] * step_flops}
             for result in summary["test_time"]
         ]
         sampled += [
-            {"id": exp_id, "run": run_id, "group": group["id"], "baseline": is_baseline, **result}
+            {**row, **result, TEST_TIME_FLOPS.key: result["trajectories"] * result["steps"] * step_flops}
             for result in summary.get("sampled", [])  # only a run whose final evaluation sampled has it
         ]
     import pandas as pd

@@ -114,6 +114,7 @@ class Costs:
                     self.test_puzzles,
                     study.test_time_steps,
                     study.test_time_subset,
+                    study.test_time_trajectories,
                 )
                 continue
             costs = cache.costs(exp.hash, exp.config)
@@ -126,6 +127,7 @@ class Costs:
                     study.test_time_steps,
                     devices,
                     study.test_time_subset,
+                    study.test_time_trajectories,
                 ),
             }
             if self.measured:
@@ -139,7 +141,12 @@ class Costs:
             steps = {
                 "training": training_steps(exp.config),
                 "evaluation": evaluation_batch_steps(
-                    exp.config, self.test_puzzles, study.test_time_steps, devices, study.test_time_subset
+                    exp.config,
+                    self.test_puzzles,
+                    study.test_time_steps,
+                    devices,
+                    study.test_time_subset,
+                    study.test_time_trajectories,
                 ),
             }
             floor = self.accelerator.get("step_floor_s")
@@ -343,7 +350,9 @@ class Costs:
             if exp.replicate
             else ""
         )
-        passes = evaluation_passes(config, self.test_puzzles, steps, devices, study.test_time_subset)
+        passes = evaluation_passes(
+            config, self.test_puzzles, steps, devices, study.test_time_subset, study.test_time_trajectories
+        )
         source = self.source[exp_id]
         if source == COMPILED:
             source = f"at its compiled steps' roofline times ({self.compiled[exp_id]}), a best case"

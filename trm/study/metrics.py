@@ -290,6 +290,16 @@ TEST_TIME_METRICS = _by_key(
     ),
 )
 
+# A column of the test-time and sampled tables that the table computes (trm aggregate), not the run: the test-time
+# compute of one puzzle's answer at that row.
+TEST_TIME_FLOPS = Metric(
+    "flops_per_puzzle",
+    "forward FLOPs spent on one puzzle at test time: steps x one supervision step's forward FLOPs (x trajectories)",
+    "test-time FLOPs per puzzle",
+    "FLOPs",
+    None,
+)
+
 SAMPLED_METRICS = _by_key(
     TEST_TIME_METRICS["steps"],
     Metric("trajectories", "noisy trajectories per puzzle (K)", "trajectories per puzzle", "count", None),

@@ -25,7 +25,6 @@ time, as the deterministic one does, whatever K.
 from __future__ import annotations
 
 import copy
-import math
 import sys
 from collections.abc import Callable
 
@@ -38,7 +37,7 @@ from trm.run.distributed import batch_sharded, put_host_rows
 from trm.train.batches import eval_batches
 from trm.train.evaluator import Evaluator, _all_rows
 from trm.train.records import Tally
-from trm.train.sampling import DEFAULT_SEED, SAMPLED_STATS, check_sampling
+from trm.train.sampling import DEFAULT_SEED, SAMPLED_STATS, check_sampling, puzzles_per_batch
 
 
 class SampledTally(Tally):
@@ -115,14 +114,6 @@ def choose(stats: dict[str, np.ndarray], trajectories: int) -> dict[str, np.ndar
         "oracle_exact_accuracy": exact.max(1),
         "trajectory_exact_accuracy": exact.mean(1, dtype=np.float64),
     }
-
-
-def puzzles_per_batch(batch_size: int, trajectories: int, puzzles: int, devices: int) -> int:
-    """Puzzles per batch: batch_size // K (at least 1), fewer when the split has fewer (as evaluation_batch),
-    rounded up so that their rows split evenly over the devices. K = 1 is the deterministic evaluation's batch."""
-    unit = devices // math.gcd(trajectories, devices)
-    per_batch = min(max(batch_size // trajectories, 1), -(-puzzles // unit) * unit)
-    return -(-per_batch // unit) * unit
 
 
 def evaluate_sampled(

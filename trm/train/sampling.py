@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 from trm.errors import UserError
 
-# The defaults, from the papers' Sudoku-Extreme settings: noise sd 0.3 (the paired third-party evaluation of
-# PTRM, and PTRM's released Sudoku configuration), K = 16 trajectories at 16 supervision steps.
-DEFAULT_TRAJECTORIES = (16,)
+# The noise sd of the papers' Sudoku-Extreme settings (docs/fidelity.md, "Sampled test-time recursion").
 DEFAULT_SIGMA = 0.3
+# The noise's seed in every run's final evaluation: a constant of the code (as test_time.SUBSET_SEED), so every run
+# of every study draws the same noise for a puzzle; `trm evaluate --sample-seed` takes another.
 DEFAULT_SEED = 0
 
 SAMPLED_STATS = (
@@ -30,7 +30,7 @@ SAMPLED_STATS = (
 class Sampling:
     """What a run's final evaluation samples: each of `trajectories` (K) at noise `sigma`, from `seed`."""
 
-    trajectories: tuple[int, ...] = DEFAULT_TRAJECTORIES
+    trajectories: tuple[int, ...]
     sigma: float = DEFAULT_SIGMA
     seed: int = DEFAULT_SEED
 
@@ -44,3 +44,11 @@ def check_sampling(trajectories: Sequence[int], sigma: float, option: str = "--t
         )
     if not math.isfinite(sigma) or sigma < 0:
         raise UserError(f"noise sigma {sigma}: expected a finite number >= 0 (0: no noise)")
+
+
+def puzzles_per_batch(batch_size: int, trajectories: int, puzzles: int, devices: int) -> int:
+    """Puzzles per batch: batch_size // K (at least 1), fewer when the split has fewer (as evaluation_batch),
+    rounded up so that their rows split evenly over the devices. K = 1 is the deterministic evaluation's batch."""
+    unit = devices // math.gcd(trajectories, devices)
+    per_batch = min(max(batch_size // trajectories, 1), -(-puzzles // unit) * unit)
+    return -(-per_batch // unit) * unit
