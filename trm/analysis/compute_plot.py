@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trm.study.metrics import SAMPLED_METRICS, TEST_TIME_FLOPS
+from trm.study.metrics import TEST_TIME_FLOPS, TEST_TIME_METRICS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -60,7 +60,8 @@ def compute_panel(ax, group: dict, test_time: pd.DataFrame, sampled: pd.DataFram
             ax.scatter(part[x], part["y"], marker=marker, color=line.get_color(), s=18, zorder=3)
     ax.set_xscale("log")
     ax.set_xlabel(f"{TEST_TIME_FLOPS.axis_label}, log scale")
-    ax.set_ylabel(SAMPLED_METRICS[columns[1]].axis_label.replace("Q head picks", "best at these FLOPs"))
+    metric = TEST_TIME_METRICS[columns[0]]
+    ax.set_ylabel(f"{metric.label}, the best at or below these FLOPs ({metric.unit})")
     ax.grid(alpha=0.3)
     ax.scatter([], [], marker="o", color="tab:gray", label="one trajectory (test_time_steps)")
     ax.scatter([], [], marker="^", color="tab:gray", label="K noisy trajectories, the Q head's pick")
