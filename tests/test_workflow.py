@@ -110,7 +110,7 @@ def test_one_experiment_by_output_path_or_config_and_one_group(workdir):
         "plot_group": 1,
     }
     analysis = [f for f in files if f.name.startswith("table") or {"plots", "verdicts"} & set(f.parts)]
-    assert len(analysis) == 3 + 4 + 2  # the table's 3 files, the verdicts' and the group's plot
+    assert len(analysis) == 4 + 4 + 2  # the table's 4 files, the verdicts' and the group's plot
     selection = Path("results/smoke/selections/exp01a")
     assert all(f.is_relative_to(selection) for f in analysis), analysis
     assert planned_jobs(workdir, {"groups": ["exp04a"]})["train"] == 6 + 2 + 1  # baseline seeds, reference
