@@ -138,8 +138,8 @@ def test_same_config_experiments_share_one_run_and_one_job_file(tmp_path):
         assert job.run.config == exp.config and job.run.config_hash == exp.hash == config_hash(exp.config)
         assert job.run.data == str(tmp_path / f"storage/smoke/datasets/{exp.dataset}")
         assert job.run.run_dir == str(tmp_path / f"storage/smoke/runs/{exp.hash}")
-        assert (job.test_time_steps, job.test_time_subset) == ((16, 32), 64)
-        assert (job.test_time_trajectories, job.test_time_noise) == ((4,), 0.3)  # the sampled recursion
+        sampling = job.test_time_trajectories, job.test_time_noise
+        assert (job.test_time_steps, job.test_time_subset, *sampling) == ((16, 32), 64, (4,), 0.3)
         assert (job.backend, job.hosts, job.devices_per_host) == ("local", 1, 1)
         assert "preflight" not in job.tpu and job.tpu["code_url"] == str(tmp_path / "storage/code")
     # Written once: an unchanged job file keeps its time, so Snakemake reruns nothing for it.
@@ -234,8 +234,7 @@ def test_plan_summary_and_each_jobs_estimate(tmp_path):
     assert training_line.startswith(
         f"    training:   {costs.hours['exp06_a']['training']:.4g} CPU core-hours ("
     )
-    # Then the curve on the smoke test-time subset, and K = 4 trajectories of each of its 64 puzzles.
-    assert evaluation_line.endswith(
+    assert evaluation_line.endswith(  # the curve on the smoke subset, then K = 4 trajectories of its 64 puzzles
         "then 64 rows x 32 steps on the test-time subset (counts 16,32), then 256 rows x 32 steps sampling "
         "trajectories"
     )
