@@ -15,7 +15,7 @@ from trm.analysis.judge import SUMMARY_FIELDS
 from trm.analysis.uncertainty import NO_INTERVAL, SAMPLING_ONLY, wilson_interval
 from trm.cli import main as trm_main
 from trm.study.groups import GROUPS_PATH
-from trm.study.metrics import CURVE_METRICS, RUN_METRICS, SUMMARY_METRICS, TEST_TIME_METRICS
+from trm.study.metrics import CURVE_METRICS, RUN_METRICS, SAMPLED_METRICS, SUMMARY_METRICS, TEST_TIME_METRICS
 from trm.study.plan import plan_study
 
 EXPERIMENTS = ("exp01a", "exp01c", "exp04a_1000")  # the last two share one run (both are baselines)
@@ -73,13 +73,29 @@ def test_the_table_is_the_summaries_metrics_in_the_registrys_order(results):
     assert table["examples_per_second_low"].isna().all() and table["test_exact_accuracy_sd"].isna().all()
     # The table, the curves and the test-time scaling: CSV files, nothing else.
     assert sorted(p.name for p in Path(output).parent.glob(f"{Path(output).name}*")) == [
-        f"{Path(output).name}{end}" for end in ("-curves.csv", "-test-time.csv", ".csv")
+        f"{Path(output).name}{end}" for end in ("-curves.csv", "-sampled.csv", "-test-time.csv", ".csv")
     ]
     curves = pd.read_csv(f"{output}-curves.csv")
     assert list(curves.columns) == ["id", "run", "group", *CURVE_METRICS]
     test_time = pd.read_csv(f"{output}-test-time.csv")
-    assert list(test_time.columns) == ["id", "run", "group", "baseline", *TEST_TIME_METRICS]
+    assert list(test_time.columns) == [
+        "id",
+        "run",
+        "group",
+        "baseline",
+        *TEST_TIME_METRICS,
+        "flops_per_puzzle",
+    ]
     assert list(test_time["baseline"]) == [False, True, True]
+    # The sampled recursion beside it: one row per run, count and K.
+    sampled = pd.read_csv(f"{output}-sampled.csv")
+    assert list(sampled.columns) == ["id", "run", "group", "baseline", *SAMPLED_METRICS, "flops_per_puzzle"]
+    # The test-time compute of one answer: K trajectories x 16 steps x one supervision step's forward FLOPs.
+    one = test_time.set_index("run")["flops_per_puzzle"]
+    assert list(sampled["flops_per_puzzle"]) == [k * one[run] for run in sampled["run"][::2] for k in (1, 4)]
+    assert list(sampled["trajectories"]) == [1, 4] * 3 and list(sampled["id"]) == [
+        e for e in EXPERIMENTS for _ in "ab"
+    ]
 
 
 def test_a_missing_summary_names_the_file_and_who_writes_it(results, capsys):

@@ -5,6 +5,7 @@ job built by hand (`trm launch` without --job); and `trm status` taking its stal
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,23 @@ def _job(tmp_path: Path, run_dir: Path, **changes) -> Job:
     fields = {"test_time_steps": (16, 32), "backend": "local", "hosts": 1, "devices_per_host": 1}
     tpu = {**tpu_options.defaults(), "code_url": "gs://bucket/code"}
     return Job(run, **{**fields, **changes, "tpu": tpu})
+
+
+def test_a_job_that_samples_carries_its_trajectories_and_noise_and_one_that_does_not_is_as_before(tmp_path):
+    plain, path = _job(tmp_path, tmp_path / "run"), str(tmp_path / "job.json")
+    assert "test_time_trajectories" not in plain.to_json()  # its file and digest as before the setting
+    job = _job(tmp_path, tmp_path / "run", test_time_trajectories=(1, 4), test_time_noise=0.3)
+    job.write(path)
+    assert read_job(path) == job
+    assert job.trainer_arguments()[-4:] == ["--test-time-trajectories", "1,4", "--test-time-noise", "0.3"]
+    record = json.loads(Path(path).read_text())
+    for key, value, says in (
+        ("test_time_trajectories", [0], "test_time_trajectories [0]: expected a list of positive integers"),
+        ("test_time_noise", -1, "test_time_noise -1: expected a number >= 0"),
+    ):
+        Path(path).write_text(json.dumps({**record, key: value}))
+        with pytest.raises(UserError, match=re.escape(says)):
+            read_job(path)
 
 
 def test_a_job_file_reads_back_as_written_and_a_bad_one_is_one_line_naming_it(tmp_path):

@@ -129,9 +129,13 @@ def test_two_hosts_train_exactly_like_one_host_with_the_same_devices(easy_data, 
     from trm.train.batches import TrainBatches
 
     runs = {}
+    # The final evaluation samples too (trm/train/final_evaluation.py): each host feeds its rows of K = 3
+    # trajectories per puzzle, and every host gathers every row's answer.
+    sampling = ["--test-time-steps", "2,3", "--test-time-trajectories", "3", "--test-time-noise", "0.5"]
     for hosts, devices in ((2, 1), (1, 2)):
         runs[hosts] = tmp_path / f"{hosts}x{devices}"
-        done = _launch(hosts, devices, _train_args(easy_data, runs[hosts], tmp_path / "cache", {}))
+        args = _train_args(easy_data, runs[hosts], tmp_path / "cache", {})
+        done = _launch(hosts, devices, [*sampling, *args])
         assert done.returncode == 0, done.stdout[-4000:]
         assert "[host 0]" in done.stdout
     multi, single = _final(runs[2]), _final(runs[1])
@@ -158,6 +162,8 @@ def test_two_hosts_train_exactly_like_one_host_with_the_same_devices(easy_data, 
     records = [(runs[n] / "metrics.jsonl").read_text().splitlines() for n in (2, 1)]
     strip = [[{k: v for k, v in json.loads(r).items() if not _timing(k)} for r in rs] for rs in records]
     assert strip[0] == strip[1]
+    sampled = [json.loads((runs[n] / "sampled.json").read_text()) for n in (2, 1)]
+    assert sampled[0]["results"] == sampled[1]["results"] and len(sampled[0]["results"]) == 2
 
 
 def _timing(key: str) -> bool:

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from workflow_support import runs_table
 
+from trm.analysis.compute_plot import compute_panel
 from trm.analysis.plots import FALLBACK_TITLE, _pareto_front, plot_group
 from trm.study.groups import GROUPS_PATH, load_groups
 from trm.study.metrics import CURVE_METRICS, RUN_METRICS
@@ -306,3 +307,56 @@ def test_curve_bands_are_the_uncertainty_modules_intervals_and_every_run_is_draw
     (mean,) = [line for line in ax.get_lines() if line.get_label() == "exp09a (baseline, n=3)"]
     assert list(mean.get_ydata()) == pytest.approx([sum(seeds[i]) / 3 for i in range(3)])
     plt.close(fig)
+
+
+def test_the_test_time_compute_panel_joins_each_members_best_accuracy_at_or_below_each_flop_count(
+    tmp_path: Path,
+):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    group = {"id": "g", "members": ["a", "b"], "baseline": "a"}
+    row = {"group": "g", "baseline": False, "count": 16}
+    # Member a: one trajectory at 16 and 32 steps (1 and 2 units of FLOPs), 4 trajectories at 16 steps (4 units);
+    # two seeds of it, averaged. Member b: worse at 16 steps, better than a at 32.
+    test_time = pd.DataFrame(
+        [
+            {
+                **row,
+                "id": m,
+                "run": f"{m}{s}",
+                "steps": steps,
+                "flops_per_puzzle": steps // 16,
+                "exact_accuracy": y,
+            }
+            for m, s, steps, y in (
+                ("a", 0, 16, 0.4),
+                ("a", 1, 16, 0.6),
+                ("a", 0, 32, 0.3),
+                ("a", 1, 32, 0.5),
+                ("b", 0, 16, 0.1),
+                ("b", 0, 32, 0.7),
+            )
+        ]
+    ).assign(accuracy=0.5)
+    sampled = pd.DataFrame(
+        [{**row, "id": "a", "run": "a0", "steps": 16, "trajectories": 4, "flops_per_puzzle": 4}]
+    ).assign(q_exact_accuracy=0.9, q_accuracy=0.95)
+    fig, ax = plt.subplots()
+    compute_panel(ax, group, test_time, sampled)
+    curves = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()}
+    assert curves["a (baseline)"] == ([1, 2, 4], [0.5, 0.5, 0.9])  # a's 32 steps (0.4) below its 16 (0.5)
+    assert curves["b"] == ([1, 2], [0.1, 0.7])
+    assert "accuracy vs test-time FLOPs per puzzle" == ax.get_title()
+    plt.close(fig)
+    # A group whose runs sampled gets the panel as its last; one whose runs did not, none.
+    exp09 = next(g for g in load_groups() if g["id"] == "exp09")
+    runs, curves_table, plain = tables(exp09, 0.25)
+    plain = plain.assign(flops_per_puzzle=plain["steps"] * 1e6)
+    noisy = plain.assign(trajectories=4, q_exact_accuracy=0.5, q_accuracy=0.6)
+    for rows, drawn in ((noisy, True), (noisy.iloc[:0], False)):
+        output = tmp_path / f"exp09-{drawn}"
+        plot_group("exp09", runs, curves_table, plain, Path(GROUPS_PATH), output, rows)
+        assert ("accuracy vs test-time FLOPs per puzzle" in output.with_suffix(".svg").read_text()) == drawn

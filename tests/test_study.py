@@ -1,7 +1,6 @@
-"""The workflow's Study as plain Python (trm/study/study.py, costs.py): checked settings with the place each was set,
-the plan, shared runs, one job file per run, commands, estimates and their messages; and the plan's scales and cost
-model. A selection's folder and noise floor: tests/test_selection.py; the local plan's measured estimate:
-tests/test_local_estimate.py. The Snakemake layer over it is tested in tests/test_workflow*.py."""
+"""The workflow's Study as plain Python (trm/study/study.py, costs.py): checked settings with where each was set,
+the plan, shared runs, one job file per run, commands, estimates, the plan's scales and cost model (selections:
+tests/test_selection.py; measured estimates: test_local_estimate.py; the Snakemake layer: test_workflow*.py)."""
 
 from __future__ import annotations
 
@@ -38,8 +37,7 @@ from trm.study.study import CLOUD_RULES, TRM, Study
 
 
 def test_nan_and_inf_are_refused_by_every_number_setting(tmp_path):
-    """.nan passes every bound of the schema and .inf every lower one: no setting means them (a poll every nan
-    seconds, a price of inf)."""
+    """.nan passes every bound of the schema and .inf every lower one: no setting means them."""
     assert refused(tmp_path, {"launch": {"tpu": {"poll_seconds": ".nan"}}}) == (  # as --config gives it
         "--config: setting 'launch.tpu.poll_seconds' = .nan is not valid: expected a finite number (every "
         "setting: docs/configuration.md)"
@@ -140,7 +138,8 @@ def test_same_config_experiments_share_one_run_and_one_job_file(tmp_path):
         assert job.run.config == exp.config and job.run.config_hash == exp.hash == config_hash(exp.config)
         assert job.run.data == str(tmp_path / f"storage/smoke/datasets/{exp.dataset}")
         assert job.run.run_dir == str(tmp_path / f"storage/smoke/runs/{exp.hash}")
-        assert (job.test_time_steps, job.test_time_subset) == ((16, 32), None)
+        sampling = job.test_time_trajectories, job.test_time_noise
+        assert (job.test_time_steps, job.test_time_subset, *sampling) == ((16, 32), 64, (4,), 0.3)
         assert (job.backend, job.hosts, job.devices_per_host) == ("local", 1, 1)
         assert "preflight" not in job.tpu and job.tpu["code_url"] == str(tmp_path / "storage/code")
     # Written once: an unchanged job file keeps its time, so Snakemake reruns nothing for it.
@@ -221,12 +220,11 @@ def test_plan_summary_and_each_jobs_estimate(tmp_path):
     # Same epochs and data: the same examples and FLOPs whatever the batch (each job gets its own figure).
     training = [costs.hours[f"exp06_{x}"]["training"] for x in "abcdef"]
     assert max(training) == pytest.approx(min(training), rel=0.3)
-    # Evaluation computes whole batches, but no more rows than the puzzles need: the smoke test puzzles are whole
-    # batches of 8 (exp06_a; 256 puzzles, a multiple of 8: no padding) and one batch of just them, not 256 rows of
-    # a batch (exp06_f).
+    # Evaluation computes whole batches, no more rows than the puzzles need: the 256 smoke test puzzles are whole
+    # batches of 8 (exp06_a) and one batch of just them, not 256 rows of a batch (exp06_f).
     puzzles = SMOKE.test_puzzles
-    assert f"training, {-(-puzzles // 8) * 8} rows x 32 steps at the end" in costs.message("exp06_a")
-    assert f"training, {puzzles} rows x 32 steps at the end" in costs.message("exp06_f")
+    assert f"training, {-(-puzzles // 8) * 8} rows x 16 steps at the end" in costs.message("exp06_a")
+    assert f"training, {puzzles} rows x 16 steps at the end" in costs.message("exp06_f")
     first, training_line, evaluation_line, mlp_t = costs.message("exp06_a").splitlines()
     assert mlp_t == "    MLP-T:      plain (arch.mlp_t_kernel auto)"  # on this machine's CPU
     assert (
@@ -236,7 +234,10 @@ def test_plan_summary_and_each_jobs_estimate(tmp_path):
     assert training_line.startswith(
         f"    training:   {costs.hours['exp06_a']['training']:.4g} CPU core-hours ("
     )
-    assert evaluation_line.endswith("(every test_time_steps count 16,32 in one pass)")
+    assert evaluation_line.endswith(  # the curve on the smoke subset, then K = 4 trajectories of its 64 puzzles
+        "then 64 rows x 32 steps on the test-time subset (counts 16,32), then 256 rows x 32 steps sampling "
+        "trajectories"
+    )
     summary = costs.plan_text().splitlines()
     assert summary[0] == (
         "TRM study, scale smoke: 6 experiments in 1 groups and 1 reference, 1 datasets, 7 distinct runs; "
@@ -282,7 +283,13 @@ def test_a_step_floor_prices_dispatch_bound_steps_and_leaves_large_ones(tmp_path
     # test puzzles (16 batches) to 64 steps, the largest test-time count.
     batch_steps = evaluation_batch_steps(config, MINI.test_puzzles, (16, 32, 64))
     assert batch_steps == 7 * 8 * 16 + 16 * 64
-    assert floored.hours["exp06_c"]["evaluation"] == pytest.approx(batch_steps * 0.0027 / 3600)
+    # Then the sampled recursion (test_time_trajectories.mini): K = 4 (16 puzzles of 4 rows a batch: 64 batches)
+    # and 16 (4 puzzles: 256 batches) to 64 steps.
+    sampled = (
+        evaluation_batch_steps(config, MINI.test_puzzles, (16, 32, 64), trajectories=(4, 16)) - batch_steps
+    )
+    assert sampled == (64 + 256) * 64
+    assert floored.hours["exp06_c"]["evaluation"] == pytest.approx((batch_steps + sampled) * 0.0027 / 3600)
     assert "at least 2.7 ms a step (accelerator.step_floor_s)" in floored.plan_text().splitlines()[0]
     # A step slower than the floor keeps its FLOPs' time: the paper's baseline at batch 6144.
     paper = next(e.config for e in plan_study("paper", ["exp01c"]))
@@ -300,7 +307,12 @@ def test_estimate_matches_the_spec_flops_of_a_paper_baseline_run():
     # The evaluations as the trainer runs them: 9 intermediate ones on eval_subset = 8192 puzzles (2 batches of
     # 6144 rows) to eval_steps = 16, and one pass over the whole test split (69 batches) to 128 steps.
     passes = evaluation_passes(baseline, 423_168, (16, 32, 64, 128))
-    assert passes == {"intermediate": (9, 12_288, 16), "final": (1, 69 * 6144, 128), "test_time": (0, 0, 0)}
+    assert passes == {
+        "intermediate": (9, 12_288, 16),
+        "final": (1, 69 * 6144, 128),
+        "test_time": (0, 0, 0),
+        "sampled": (0, 0, 0),
+    }
     forward = costs["eval_flops_per_example_step"]
     assert (
         evaluation_flops(baseline, costs, 423_168, (16, 32, 64, 128))

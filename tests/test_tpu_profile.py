@@ -100,11 +100,13 @@ def test_profile_dry_run_needs_no_gcloud_and_shows_tpu_hours(tmp_path):
 
 def _test_profile(root: Path, tpu_bucket: str, tmp: Path) -> Path:
     """The tpu-test profile with two experiments, and one supervision step too: where the slice's and a
-    one-process evaluation must agree (see below)."""
+    one-process evaluation must agree (see below), every count on the whole test split and without sampling (two
+    hosts sample as one does: tests/test_multihost.py)."""
     test_time_steps = {"smoke": [1, 16, 32], "paper": [16, 32, 64, 128]}
     return tpu_test_profile(
         root, f"{tpu_bucket}/study", SLICES, tmp / "locks", experiments=["exp01a", "exp04a_100"],
-        test_time_steps=test_time_steps,
+        test_time_steps=test_time_steps, test_time_subset={"smoke": None, "mini": None, "paper": 43008},
+        test_time_trajectories={"smoke": [], "mini": [4, 16], "paper": []},
     )  # fmt: skip
 
 

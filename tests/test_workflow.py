@@ -110,7 +110,7 @@ def test_one_experiment_by_output_path_or_config_and_one_group(workdir):
         "plot_group": 1,
     }
     analysis = [f for f in files if f.name.startswith("table") or {"plots", "verdicts"} & set(f.parts)]
-    assert len(analysis) == 3 + 4 + 2  # the table's 3 files, the verdicts' and the group's plot
+    assert len(analysis) == 4 + 4 + 2  # the table's 4 files, the verdicts' and the group's plot
     selection = Path("results/smoke/selections/exp01a")
     assert all(f.is_relative_to(selection) for f in analysis), analysis
     assert planned_jobs(workdir, {"groups": ["exp04a"]})["train"] == 6 + 2 + 1  # baseline seeds, reference
@@ -265,6 +265,19 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     ]
     assert list(test_time["baseline"]) == [False] * 6 + [True] * 4
     assert test_time["exact_accuracy"].between(0, 1).all() and test_time["accuracy"].between(0, 1).all()
+    # Beside it the sampled recursion (test_time_trajectories.smoke), on the curve's 64 puzzles: K = 4 per count.
+    sampled = pd.read_csv(analysis / "table-sampled.csv")
+    assert list(zip(sampled["run"], sampled["trajectories"], sampled["steps"], strict=True)) == [
+        (run, 4, steps)
+        for run in ("exp01a", "exp04a_100", "ref_paper", "exp01c", "exp01c~s1")
+        for steps in (16, 32)
+    ]
+    assert (sampled["sigma"] == 0.3).all() and (sampled["count"] == 64).all()
+    assert (
+        list(test_time["count"]) == [SMOKE.test_puzzles, 64] * 5
+    )  # the headline's whole split, the curve's 64
+    assert (sampled["oracle_exact_accuracy"] >= sampled["q_exact_accuracy"]).all()
+    assert table["sampled_oracle_exact_accuracy"].between(0, 1).all()
     # Each run's one local file is its summary, read from the run dir in storage after its _SUCCESS marker.
     summary = json.loads((results / "runs/exp01a.json").read_text())
     assert sorted(p.name for p in (results / "runs").iterdir()) == [

@@ -19,7 +19,7 @@ from trm.analysis.judge import is_fraction
 from trm.config import EXPERIMENTS_DIR, merged
 from trm.errors import UserError
 from trm.study.groups import GROUPS_PATH
-from trm.study.metrics import RUN_METRICS, SUMMARY_METRICS, TEST_TIME_METRICS
+from trm.study.metrics import RUN_METRICS, SAMPLED_METRICS, SUMMARY_METRICS, TEST_TIME_METRICS
 from trm.study.study import Study
 
 REPO = Path(__file__).resolve().parents[1]
@@ -134,6 +134,10 @@ def _summary(config_hash: str, accuracy: float, wall_s: float) -> dict:
         "epochs_to_85pct": None,  # never reached: not measured
         "curve": [{"epoch": 1.0, "count": 32, "test_exact_accuracy": accuracy, "test_cell_accuracy": 0.5}],
         "test_time": [{key: 16 if key == "steps" else accuracy for key in TEST_TIME_METRICS}],
+        "sampled": [  # K = 1 and 4 at 16 steps, as a smoke run's final evaluation samples them
+            {**{key: accuracy for key in SAMPLED_METRICS}, "steps": 16, "trajectories": k, "sigma": 0.3}
+            for k in (1, 4)
+        ],
     }
 
 

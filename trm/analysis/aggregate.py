@@ -18,7 +18,8 @@ experiment's mean, sd, n, 95% interval and the interval's source: columns {metri
 _interval, the same on every row of the experiment; docs/statistics.md explains them), OUTPUT-curves.csv (test
 accuracy per evaluation during training) and
 OUTPUT-test-time.csv (test accuracy per number of supervision steps at test time, one row per run and step count),
-both with the experiment's `id` and the `run`. Accelerator-hours are the run's measured wall hours (its summary's
+OUTPUT-sampled.csv (the sampled recursion's figures, one row per run, step count and trajectories per puzzle),
+each with the experiment's `id` and the `run`. Accelerator-hours are the run's measured wall hours (its summary's
 wall time, over all its attempts, whichever job collected it; experiments with equal configs share the run and its
 figures) x the devices the run trained on; the estimate column uses the FLOPs model of trm.study.estimate at the given peak FLOP/s and utilization.
 """
@@ -37,7 +38,14 @@ from trm.errors import UserError, number
 from trm.launch.job import job_path, read_job
 from trm.study.estimate import accelerator_hours, evaluation_flops, model_costs, training_flops
 from trm.study.groups import REFERENCE_GROUP, load_groups, load_references
-from trm.study.metrics import CURVE_METRICS, RUN_METRICS, SUMMARY_METRICS, TEST_TIME_METRICS
+from trm.study.metrics import (
+    CURVE_METRICS,
+    RUN_METRICS,
+    SAMPLED_METRICS,
+    SUMMARY_METRICS,
+    TEST_TIME_FLOPS,
+    TEST_TIME_METRICS,
+)
 from trm.study.plan import experiment_of, seedless_hash
 
 if TYPE_CHECKING:  # pandas is imported where a table is made, so `trm aggregate --help` stays fast
@@ -60,7 +68,8 @@ RUN_TABLE_COLUMNS = (
     "weights_sha256",
     "floor_only",
 )
-TEST_TIME_COLUMNS = ("id", "run", "group", "baseline", *TEST_TIME_METRICS)
+TEST_TIME_COLUMNS = ("id", "run", "group", "baseline", *TEST_TIME_METRICS, TEST_TIME_FLOPS.key)
+SAMPLED_COLUMNS = ("id", "run", "group", "baseline", *SAMPLED_METRICS, TEST_TIME_FLOPS.key)
 CURVE_COLUMNS = ("id", "run", "group", *CURVE_METRICS)
 
 
@@ -115,10 +124,11 @@ def aggregate(
     utilization: float,
     test_puzzles: int,
     floor_only: list[str] = (),
-) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(runs, curves, test_time): one row per run with its config's varied keys, costs and metrics; one row per
-    evaluation during training; one row per run and test-time step count. `ids` and then `floor_only` (runs in the
-    table only for the noise floor) are run ids."""
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(runs, curves, test_time, sampled): one row per run with its config's varied keys, costs and metrics; one
+    row per evaluation during training; one row per run and test-time step count; one row per run, step count and
+    trajectories per puzzle of the sampled recursion. `ids` and then `floor_only` (runs in the table only for the
+    noise floor) are run ids."""
     experiments_dir = groups_path.parent / "experiments"
     group_table = load_groups(groups_path, experiments_dir)
     groups = {m: g for g in group_table for m in g["members"]}
@@ -132,7 +142,7 @@ def aggregate(
         {k for g in groups.values() for k in g["varies"]}
         | {p["x"] for g in groups.values() for p in g["plots"] if "." in p["x"]}
     )
-    rows, curves, test_time = [], [], []
+    rows, curves, test_time, sampled = [], [], [], []
     configs: dict[str, dict] = {}  # by config hash: experiments with equal configs share one run and job file
     for run_id in [*ids, *floor_only]:
         # A replicate's row (run EXP~sK) is a row of its experiment: `id` EXP, which every summary groups by.
@@ -146,8 +156,9 @@ def aggregate(
         costs = model_costs(config)
         # The training job's work: training, then the evaluations (the last one to the test-time counts).
         evaluated_steps = [result["steps"] for result in summary["test_time"]]
+        trajectories = sorted({r["trajectories"] for r in summary.get("sampled", [])})
         flops = training_flops(config, costs) + evaluation_flops(
-            config, costs, test_puzzles, evaluated_steps, summary["devices"]
+            config, costs, test_puzzles, evaluated_steps, summary["devices"], trajectories=trajectories
         )
         arch = config["arch"]
         computed = {  # the table's own metrics (RUN_METRICS with source "table"); the rest are the summary's
@@ -179,9 +190,15 @@ def aggregate(
             }
         )
         curves += [{"id": exp_id, "run": run_id, "group": group["id"], **point} for point in summary["curve"]]
+        row = {"id": exp_id, "run": run_id, "group": group["id"], "baseline": is_baseline}
+        step_flops = costs["eval_flops_per_example_step"]
         test_time += [
-            {"id": exp_id, "run": run_id, "group": group["id"], "baseline": is_baseline, **result}
+            {**row, **result, TEST_TIME_FLOPS.key: result["steps"] * step_flops}
             for result in summary["test_time"]
+        ]
+        sampled += [
+            {**row, **result, TEST_TIME_FLOPS.key: result["trajectories"] * result["steps"] * step_flops}
+            for result in summary.get("sampled", [])  # only a run whose final evaluation sampled has it
         ]
     import pandas as pd
 
@@ -196,6 +213,7 @@ def aggregate(
         table,
         pd.DataFrame(curves, columns=CURVE_COLUMNS),
         pd.DataFrame(test_time, columns=TEST_TIME_COLUMNS),
+        pd.DataFrame(sampled, columns=SAMPLED_COLUMNS),
     )
 
 
@@ -258,12 +276,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--output",
         required=True,
-        help="output path without suffix (.csv, -curves.csv, -test-time.csv)",
+        help="output path without suffix (.csv, -curves.csv, -test-time.csv, -sampled.csv)",
     )
 
 
 def main(args: argparse.Namespace) -> int:
-    runs, curves, test_time = aggregate(
+    runs, curves, test_time, sampled = aggregate(
         args.ids,
         args.results,
         args.groups,
@@ -276,8 +294,10 @@ def main(args: argparse.Namespace) -> int:
     storage.write_text(str(output.with_suffix(".csv")), runs.to_csv(index=False))
     storage.write_text(str(output.with_name(output.name + "-curves.csv")), curves.to_csv(index=False))
     storage.write_text(str(output.with_name(output.name + "-test-time.csv")), test_time.to_csv(index=False))
+    storage.write_text(str(output.with_name(output.name + "-sampled.csv")), sampled.to_csv(index=False))
     floor = f", {len(args.floor_only)} of them only for the noise floor" if args.floor_only else ""
     print(
-        f"wrote {output}.csv ({len(runs)} runs{floor}), {output.name}-curves.csv and {output.name}-test-time.csv"
+        f"wrote {output}.csv ({len(runs)} runs{floor}), {output.name}-curves.csv, {output.name}-test-time.csv "
+        f"and {output.name}-sampled.csv"
     )
     return 0

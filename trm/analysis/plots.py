@@ -2,7 +2,7 @@
 
     trm plot-group exp01 --table results/smoke/table --groups config/groups.yaml --output results/smoke/plots/exp01
 
-Reads TABLE.csv, TABLE-curves.csv and TABLE-test-time.csv (`trm aggregate`). Each panel is one `plots:` entry of
+Reads TABLE.csv, TABLE-curves.csv, TABLE-test-time.csv and TABLE-sampled.csv (`trm aggregate`). Each panel is one `plots:` entry of
 the group: `line` puts the members on x (a config key, a metric or `member`), `pareto` scatters them and draws the
 front of runs no other run beats on both axes, `curve` draws test accuracy over training per member. Every run of
 the group in the table is drawn, except those marked `floor_only` (in a selection's table only to measure the noise
@@ -15,7 +15,9 @@ accuracy against the number of supervision steps at test time per member, from T
 job's final evaluation at the workflow's test_time_steps). A curve panel and the test-time panel draw each
 experiment's mean line with its 95% interval as a shaded band (trm/analysis/bands.py: over seeds, or for one run the
 noise floor at that epoch or step count with the sampling interval of the puzzles evaluated; a reference run's band
-hatched), every run as a thin line, and n in the legend (with the interval's source where n = 1).
+hatched), every run as a thin line, and n in the legend (with the interval's source where n = 1). Where the group's
+runs sampled (test_time_trajectories), a last panel draws accuracy against test-time FLOPs per puzzle
+(trm/analysis/compute_plot.py).
 
 Where a panel's exact accuracy is 0 for every run of the group (short runs, e.g. the smoke scale), the panel draws
 cell accuracy instead (the fraction of cells right) and its title says so: a flat line at 0 shows no trend.
@@ -32,11 +34,13 @@ from trm import storage
 from trm.analysis.aggregate import (
     CURVE_COLUMNS,
     RUN_TABLE_COLUMNS,
+    SAMPLED_COLUMNS,
     TEST_TIME_COLUMNS,
     read_table,
     selected_runs,
 )
 from trm.analysis.bands import point_estimates
+from trm.analysis.compute_plot import FALLBACK_TITLE, compute_panel
 from trm.analysis.uncertainty import SEEDS
 from trm.errors import UserError
 from trm.study.groups import REFERENCE_GROUP, load_groups
@@ -67,8 +71,6 @@ def label(name: str) -> str:
 # Accuracies are fractions: an accuracy axis spans at least 5 points, so that a 0.1-point difference (0.7384 vs
 # 0.7392) is drawn as the near-flat line it is, not as a cliff filling the panel.
 MIN_ACCURACY_SPAN = 0.05
-
-FALLBACK_TITLE = "exact accuracy 0 for every run: cell accuracy shown"
 
 
 def _metric(points: pd.DataFrame, y: str, ax) -> str:
@@ -337,8 +339,10 @@ def plot_group(
     test_time: pd.DataFrame,
     groups_path: Path,
     output: Path,
+    sampled: pd.DataFrame | None = None,
 ) -> None:
-    """Write OUTPUT.png and OUTPUT.svg for one group: its plots of groups.yaml, then accuracy vs test-time steps."""
+    """Write OUTPUT.png and OUTPUT.svg for one group: its plots of groups.yaml, then accuracy vs test-time steps,
+    then, where its runs sampled, accuracy vs test-time FLOPs (trm/analysis/compute_plot.py)."""
     groups = {g["id"]: g for g in load_groups(groups_path, groups_path.parent / "experiments")}
     if group_id not in groups:
         raise UserError(f"unknown group {group_id!r}: one of {', '.join(groups)}")
@@ -356,10 +360,14 @@ def plot_group(
     import matplotlib.pyplot as plt
 
     plots = group["plots"]
-    fig, axes = plt.subplots(1, len(plots) + 1, figsize=(6 * (len(plots) + 1), 6), squeeze=False)
+    compute = sampled is not None and sampled["id"].isin(group["members"]).any()
+    panels = len(plots) + 1 + compute
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 6), squeeze=False)
     for ax, plot in zip(axes[0], plots, strict=False):
         _panel(ax, plot, group, runs, curves, refs, table)
-    _test_time_panel(axes[0][-1], group, test_time, refs, table)
+    _test_time_panel(axes[0][len(plots)], group, test_time, refs, table)
+    if compute:
+        compute_panel(axes[0][-1], group, test_time, sampled)
     fig.suptitle(f"{group_id}: {group['title']}")
     fig.tight_layout()
     for suffix in (".png", ".svg"):
@@ -374,7 +382,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--table",
         required=True,
-        help="aggregate table path without suffix (reads .csv, -curves.csv, -test-time.csv)",
+        help="aggregate table path without suffix (reads .csv, -curves.csv, -test-time.csv, -sampled.csv)",
     )
     parser.add_argument("--groups", required=True, type=Path, help="config/groups.yaml")
     parser.add_argument("--output", required=True, type=Path, help="output path without suffix (.png, .svg)")
@@ -384,5 +392,6 @@ def main(args: argparse.Namespace) -> int:
     runs = read_table(f"{args.table}.csv", RUN_TABLE_COLUMNS)
     curves = read_table(f"{args.table}-curves.csv", CURVE_COLUMNS)
     test_time = read_table(f"{args.table}-test-time.csv", TEST_TIME_COLUMNS)
-    plot_group(args.group, runs, curves, test_time, args.groups, args.output)
+    sampled = read_table(f"{args.table}-sampled.csv", SAMPLED_COLUMNS)
+    plot_group(args.group, runs, curves, test_time, args.groups, args.output, sampled)
     return 0

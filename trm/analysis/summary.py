@@ -20,7 +20,9 @@ count (a record that counted none adds nothing); throughput is the median over t
 (which includes compilation). The wall time is the run's over all its attempts (final.json, which the trainer
 keeps from status.json), not that of the job that collected it. `curve` is the test accuracy of each evaluation
 during training; `test_time` the final evaluation (test_time.json, from the checkpoint the run finished with) at
-each --test-time-steps count.
+each --test-time-steps count; with --test-time-trajectories, `sampled` the final evaluation's sampled recursion
+(sampled.json) at each of those counts and trajectories, at --test-time-noise (refused, exit 2, when it lacks one:
+the workflow relaunches the job, which samples only what is missing), and the sampled_* metrics from it.
 """
 
 from __future__ import annotations
@@ -31,10 +33,11 @@ import json
 import statistics
 
 from trm import storage
-from trm.errors import UserError
+from trm.errors import UserError, number
 from trm.run import layout
 from trm.run.state import read_run
-from trm.study.metrics import SUMMARY_METRICS, TARGET_ACCURACY, TEST_TIME_METRICS
+from trm.study.metrics import SAMPLED_METRICS, SUMMARY_METRICS, TARGET_ACCURACY, TEST_TIME_METRICS
+from trm.train.sampling import DEFAULT_SIGMA, Sampling
 
 # The keys of a summary (what `summarize` returns): the table refuses a summary without one of them.
 SUMMARY_KEYS = ("config_hash", "devices", "weights_sha256", *SUMMARY_METRICS, "curve", "test_time")
@@ -52,6 +55,42 @@ def select_counts(evaluation: dict, counts: tuple[int, ...], source: str) -> lis
             "run dir's _SUCCESS and rerun `trm train`"
         )
     return [by_count[count] for count in counts]
+
+
+def select_sampled(
+    run_dir: str, final: dict, counts: tuple[int, ...], sampling: Sampling | None
+) -> list[dict]:
+    """The sampled.json records of `sampling` at `counts` (K by K, count by count); [] without sampling. UserError
+    (the job samples again) when one is missing, or the file is another checkpoint's or noise's."""
+    if sampling is None:
+        return []
+    source = layout.path(run_dir, layout.SAMPLED)
+    saved = storage.read_json(
+        source, "missing: rerun the run's job, which samples the final checkpoint", REEVALUATE
+    )
+    if saved.get("checkpoint_step") != final["steps"] or saved.get("sigma") != sampling.sigma:
+        raise UserError(
+            f"{source}: samples step {saved.get('checkpoint_step')} at noise {saved.get('sigma')}, not step "
+            f"{final['steps']} at {sampling.sigma}: rerun the run's job, which samples again"
+        )
+    by_key = {(r["trajectories"], r["steps"]): r for r in saved["results"]}
+    wanted = [(k, count) for k in sampling.trajectories for count in counts]
+    if missing := [key for key in wanted if key not in by_key]:
+        raise UserError(
+            f"{source}: no (trajectories, steps) {', '.join(map(str, missing))}: rerun the run's job, which samples "
+            "only what is missing"
+        )
+    return [{key: by_key[pair][key] for key in SAMPLED_METRICS} for pair in wanted]
+
+
+def sampled_metrics(sampled: list[dict]) -> dict:
+    """The run's sampled_* metrics: at the largest K, after the first count (None without sampling)."""
+    rules = ("q", "vote", "oracle")
+    if not sampled:
+        return {f"sampled_{rule}_exact_accuracy": None for rule in rules}
+    top = max(r["trajectories"] for r in sampled)
+    first = min((r for r in sampled if r["trajectories"] == top), key=lambda r: r["steps"])
+    return {f"sampled_{rule}_exact_accuracy": first[f"{rule}_exact_accuracy"] for rule in rules}
 
 
 def _counted(records: list[dict]) -> tuple[list[dict], int]:
@@ -89,9 +128,12 @@ def weights_digest(final: dict) -> str | None:
     return hashlib.sha256(weights.encode()).hexdigest()[:16]
 
 
-def run_metrics(config: dict, records: list[dict], final: dict, status: dict | None = None) -> dict:
+def run_metrics(
+    config: dict, records: list[dict], final: dict, status: dict | None = None, sampled: list[dict] = ()
+) -> dict:
     """The metrics of SUMMARY_METRICS of one run, from its config, metrics.jsonl records and final.json; the wall
-    time of a run finished by a trainer that did not record it in final.json from its status.json (`status`)."""
+    time of a run finished by a trainer that did not record it in final.json from its status.json (`status`); the
+    sampled_* ones from its `sampled` records (`select_sampled`)."""
     train = [r for r in records if r["kind"] == "train"]
     evals = [r for r in records if r["kind"] == "eval"]
     interval = config["train"]["eval_interval"]
@@ -121,6 +163,7 @@ def run_metrics(config: dict, records: list[dict], final: dict, status: dict | N
         "epochs": final["epochs"],
         # Every attempt's, from the run's own records: not the time of whichever job collected it.
         "wall_time_s": final["wall_time_s"] if "wall_time_s" in final else (status or {}).get("elapsed_s"),
+        **sampled_metrics(sampled),
     }
 
 
@@ -138,7 +181,7 @@ def _status(run_dir: str) -> dict | None:
     return read_run(run_dir).status or None  # its reader takes a damaged marker for none
 
 
-def summarize(run_dir: str, test_time_steps: tuple[int, ...]) -> dict:
+def summarize(run_dir: str, test_time_steps: tuple[int, ...], sampling: Sampling | None = None) -> dict:
     """The summary of a finished run (see the module docstring); UserError if it has not finished, or if its
     final evaluation lacks one of `test_time_steps` or evaluates another checkpoint than the one it finished with."""
     if not layout.finished(run_dir):
@@ -157,11 +200,12 @@ def summarize(run_dir: str, test_time_steps: tuple[int, ...]) -> dict:
             f"step {final['steps']}: delete it and rerun the run's job, which evaluates the last checkpoint"
         )
     test_time = select_counts(evaluation, test_time_steps, source)
-    return {
+    sampled = select_sampled(run_dir, final, test_time_steps, sampling)
+    summary = {
         "config_hash": final["config_hash"],
         "devices": final["devices"],  # of the job that trained it (launch.per_experiment may differ)
         "weights_sha256": weights_digest(final),
-        **run_metrics(config, records, final, status),
+        **run_metrics(config, records, final, status, sampled),
         "curve": [
             {
                 "epoch": r["epoch"],
@@ -174,6 +218,7 @@ def summarize(run_dir: str, test_time_steps: tuple[int, ...]) -> dict:
         ],
         "test_time": [{key: result[key] for key in TEST_TIME_METRICS} for result in test_time],
     }
+    return {**summary, "sampled": sampled} if sampled else summary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -183,6 +228,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         required=True,
         help="comma-separated supervision step counts the run's final evaluation must have, e.g. 16,32",
     )
+    parser.add_argument(
+        "--test-time-trajectories",
+        default="",
+        help="comma-separated trajectories per puzzle the run's sampled evaluation must have (default: none)",
+    )
+    parser.add_argument(
+        "--test-time-noise",
+        type=number(float, minimum=0),
+        default=DEFAULT_SIGMA,
+        help="the noise sd of that sampled evaluation (default %(default)s)",
+    )
     parser.add_argument("--output", required=True, help="JSON file to write (a local path or a URL)")
 
 
@@ -190,7 +246,11 @@ def main(args: argparse.Namespace) -> int:
     from trm.train.records import parse_steps  # not at the top: the workflow reads summaries without numpy
 
     steps = parse_steps(args.test_time_steps, "--test-time-steps")
-    summary = summarize(args.run_dir, steps)
+    trajectories = args.test_time_trajectories
+    sampling = None
+    if trajectories:
+        sampling = Sampling(parse_steps(trajectories, "--test-time-trajectories"), args.test_time_noise)
+    summary = summarize(args.run_dir, steps, sampling)
     storage.write_text(args.output, json.dumps(summary, indent=2, sort_keys=True) + "\n")
     print(f"summarised {args.run_dir} -> {args.output}")
     return 0

@@ -10,6 +10,9 @@ the results table reads too (trm/analysis/aggregate.py). A job file is canonical
   run_dir           URL of the run directory
   test_time_steps   the supervision step counts of the final evaluation (trm/train/test_time.py), may be []
   test_time_subset  the test puzzles those counts are scored on (`trm train --test-time-subset`), null: all
+  test_time_trajectories, test_time_noise   the final evaluation's sampled recursion on the same counts and
+                    puzzles: K trajectories per puzzle for each K, at that noise sd (trm/train/sampled.py);
+                    both absent without sampling
   backend           local or tpu-vm (trm/launch/launch_command.py)
   hosts, devices_per_host   the job's shape
   platform          what local hosts run on: cpu, gpu or auto (launch.platform; trm/platform.py)
@@ -48,6 +51,10 @@ KEYS = (
 )
 
 
+# Only in the job file of a run whose final evaluation samples (so the others' files, and digests, are as before).
+SAMPLING_KEYS = ("test_time_trajectories", "test_time_noise")
+
+
 def job_path(results: str, config_hash: str) -> str:
     """The job file of the run with `config_hash` in the (local) results folder of one scale, RESULTS/SCALE."""
     return os.path.join(results, "jobs", f"{config_hash}.json")
@@ -65,6 +72,8 @@ class Job:
     tpu: dict  # launch.tpu's launcher settings, merged (see the module docstring)
     test_time_subset: int | None = None
     platform: str = "cpu"  # of the local backend's hosts (trm.platform.LOCAL_PLATFORMS)
+    test_time_trajectories: tuple[int, ...] = ()
+    test_time_noise: float | None = None
 
     @property
     def devices(self) -> int:
@@ -84,6 +93,11 @@ class Job:
             "platform": self.platform,
             "tpu": self.tpu,
         }
+        if self.test_time_trajectories:
+            record |= {
+                "test_time_trajectories": list(self.test_time_trajectories),
+                "test_time_noise": self.test_time_noise,
+            }
         return json.dumps(record, sort_keys=True, indent=2, allow_nan=False) + "\n"
 
     def write(self, path: str) -> None:
@@ -109,6 +123,9 @@ class Job:
             args += ["--test-time-steps", ",".join(map(str, self.test_time_steps))]
         if self.test_time_subset is not None:
             args += ["--test-time-subset", str(self.test_time_subset)]
+        if self.test_time_trajectories:
+            args += ["--test-time-trajectories", ",".join(map(str, self.test_time_trajectories))]
+            args += ["--test-time-noise", repr(self.test_time_noise)]
         return args
 
 
@@ -119,7 +136,7 @@ def read_job(path: str) -> Job:
         "job file not found (the workflow writes RESULTS/SCALE/jobs/<hash>.json)",
         "rerun snakemake (not a dry run), which writes it again before its first job",
     )
-    if not isinstance(record, dict) or sorted(record) != sorted(KEYS):
+    if not isinstance(record, dict) or sorted(set(record) - set(SAMPLING_KEYS)) != sorted(KEYS):
         found = sorted(record) if isinstance(record, dict) else type(record).__name__
         raise UserError(f"{path}: a job file has the keys {', '.join(KEYS)}; found {found}")
     kinds = {"config_hash": str, "data": str, "run_dir": str, "backend": str, "tpu": dict, "hosts": int}
@@ -139,9 +156,19 @@ def read_job(path: str) -> Job:
     subset = record["test_time_subset"]
     if subset is not None and (not isinstance(subset, int) or isinstance(subset, bool) or subset < 1):
         raise UserError(f"{path}: test_time_subset {subset!r}: expected a positive integer or null")
+    trajectories, noise = record.get("test_time_trajectories", []), record.get("test_time_noise")
+    if not isinstance(trajectories, list) or not all(
+        isinstance(k, int) and not isinstance(k, bool) and k > 0 for k in trajectories
+    ):
+        raise UserError(
+            f"{path}: test_time_trajectories {trajectories!r}: expected a list of positive integers"
+        )
+    if trajectories and (not isinstance(noise, int | float) or isinstance(noise, bool) or not noise >= 0):
+        raise UserError(f"{path}: test_time_noise {noise!r}: expected a number >= 0")
     if record["platform"] not in LOCAL_PLATFORMS:
         raise UserError(f"{path}: platform {record['platform']!r}: one of {', '.join(LOCAL_PLATFORMS)}")
     config = validate_config(record["config"], source=f"{path}: config")
     run = Run(config, record["config_hash"], record["data"], record["run_dir"])
     shape = record["backend"], record["hosts"], record["devices_per_host"], record["tpu"]
-    return Job(run, tuple(steps), *shape, subset, record["platform"])
+    sampling = tuple(trajectories), float(noise) if trajectories else None
+    return Job(run, tuple(steps), *shape, subset, record["platform"], *sampling)

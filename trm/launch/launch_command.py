@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+from dataclasses import replace
 
 from trm.config import batch_split_problem
 from trm.errors import UserError, number
@@ -60,6 +61,8 @@ RUN_ARGS = {
     "--run-dir": "run_dir",
     "--test-time-steps": "test_time_steps",
     "--test-time-subset": "test_time_subset",
+    "--test-time-trajectories": "test_time_trajectories",
+    "--test-time-noise": "test_time_noise",
 }
 EXIT_LEASE_LOST = 1  # another launcher took the run over while this one trained it (it says so on stdout)
 
@@ -141,10 +144,13 @@ def _job_by_hand(args: argparse.Namespace) -> Job:
         raise UserError(
             f"no {', '.join(missing)}: trm launch --job FILE, or trm launch --config C --data D --run-dir R"
         )
-    steps, subset = final_evaluation(args)
+    steps, subset, sampling = final_evaluation(args)
     tpu = tpu_options.launcher_settings(tpu_options.defaults())
     platform = args.platform or "cpu"
-    return Job(spec.resolve(args), steps, "local", hosts, devices_per_host, tpu, subset, platform)
+    job = Job(spec.resolve(args), steps, "local", hosts, devices_per_host, tpu, subset, platform)
+    if sampling is None:
+        return job
+    return replace(job, test_time_trajectories=sampling.trajectories, test_time_noise=sampling.sigma)
 
 
 def log(message: str) -> None:

@@ -89,6 +89,7 @@ def act_step(
     H_cycles: int | None = None,
     L_cycles: int | None = None,
     remat: bool = False,
+    z_L_noise: jax.Array | None = None,
 ) -> tuple[Carry, StepOutputs]:
     """One supervision step for every row: reset and refill halted rows, recurse, decide halting.
 
@@ -98,6 +99,8 @@ def act_step(
     scalar (annealing does not recompile), default the config's halt_exploration_prob.
     max_steps: static; default halt_max_steps. In evaluation it is the fixed number of steps.
     H_cycles, L_cycles: static depth overrides (curriculum). remat: static, see TRM.__call__.
+    z_L_noise: [B, S, D], added to z_L after the reset and before the recursions (sampled test-time
+    recursion, trm/train/sampled.py); None adds nothing (the program is then the deterministic one).
     Returns the new, detached carry and the outputs. The loss reads labels/halted/steps from the new carry.
     """
     cfg = model.cfg
@@ -105,6 +108,8 @@ def act_step(
     reset = carry.halted
     z_H = _rows(reset, model.H_init[...].astype(cfg.dtype)[None, None, :], carry.z_H)
     z_L = _rows(reset, model.L_init[...].astype(cfg.dtype)[None, None, :], carry.z_L)
+    if z_L_noise is not None:
+        z_L = (z_L.astype(jnp.float32) + z_L_noise).astype(cfg.dtype)
     steps = jnp.where(reset, 0, carry.steps)
     inputs = _rows(reset, batch["inputs"].astype(jnp.int32), carry.inputs)
     labels = _rows(reset, batch["labels"].astype(jnp.int32), carry.labels)

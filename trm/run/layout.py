@@ -14,6 +14,8 @@ A run dir is a local path, file:// or gs:// URL; the study names it by its confi
   test_time.json    the final evaluation at every test-time step count (`trm evaluate --out`'s JSON, and which
                     rows each count was scored on)
   test_time.progress.json   its sums so far, also saved at its end: to continue it (trm/train/test_time.py)
+  sampled.json      the final evaluation's sampled recursion: K trajectories per puzzle (trm/train/final_evaluation.py)
+  sampled.progress.json     its sums so far, as test_time.progress.json
   final.json        the final evaluation and the run's summary
   kernel_check.json the fused MLP-T kernel against the plain formulation on the run's device, before its first
                     step (trm/train/kernel_check.py); only where the train step uses the kernel
@@ -42,6 +44,8 @@ LEASE = "lease.json"
 LEASE_LOCK = "lease.lock"
 TEST_TIME = "test_time.json"
 TEST_TIME_PROGRESS = "test_time.progress.json"
+SAMPLED = "sampled.json"
+SAMPLED_PROGRESS = "sampled.progress.json"
 FINAL = "final.json"
 KERNEL_CHECK = "kernel_check.json"
 PROVENANCE = "provenance.json"

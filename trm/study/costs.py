@@ -119,6 +119,7 @@ class Costs:
                     self.test_puzzles,
                     study.test_time_steps,
                     study.test_time_subset,
+                    study.test_time_trajectories,
                 )
                 continue
             costs = cache.costs(exp.hash, exp.config)
@@ -131,6 +132,7 @@ class Costs:
                     study.test_time_steps,
                     devices,
                     study.test_time_subset,
+                    study.test_time_trajectories,
                 ),
             }
             if self.measured:
@@ -144,7 +146,12 @@ class Costs:
             steps = {
                 "training": training_steps(exp.config),
                 "evaluation": evaluation_batch_steps(
-                    exp.config, self.test_puzzles, study.test_time_steps, devices, study.test_time_subset
+                    exp.config,
+                    self.test_puzzles,
+                    study.test_time_steps,
+                    devices,
+                    study.test_time_subset,
+                    study.test_time_trajectories,
                 ),
             }
             floor = self.accelerator.get("step_floor_s")
@@ -369,7 +376,9 @@ class Costs:
             if exp.replicate
             else ""
         )
-        passes = evaluation_passes(config, self.test_puzzles, steps, devices, study.test_time_subset)
+        passes = evaluation_passes(
+            config, self.test_puzzles, steps, devices, study.test_time_subset, study.test_time_trajectories
+        )
         source = self.source[exp_id]
         if source == COMPILED:
             source = f"at its compiled steps' roofline times ({self.compiled[exp_id]}), a best case"

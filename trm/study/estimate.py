@@ -5,8 +5,10 @@ recursions, backward of the last; trm/model/flops.py). Evaluation, as the traine
 the end of every `eval_interval` epochs but the last, `eval_steps` forward supervision steps on each of the first
 `eval_subset` test puzzles; at the end (trm/train/test_time.py), one pass over the whole test split to the largest
 of `eval_steps` and the test-time step counts (the smaller counts are recorded on the way), or, with a test-time
-subset, one pass over the whole split to `eval_steps` and one over the subset to the largest count. Every row of a
-batch is computed, so the puzzles are rounded up to whole batches.
+subset, one pass over the whole split to `eval_steps` and one over the subset to the largest count; then, with
+test-time trajectories (trm/train/sampled.py), one pass per K over the same rows to the largest count, K rows per
+puzzle in batches of about global_batch_size rows. Every row of a batch is computed, so the puzzles are rounded up
+to whole batches.
 Accelerator-hours = FLOPs / (peak FLOP/s per device x utilization) / 3600, and at least `accelerator.step_floor_s`
 per step and device where it is set (a GPU's launch-bound small steps); the number of devices changes the
 wall time, not the device-hours. Compilation and input pipeline time are not included.
@@ -26,6 +28,7 @@ from pathlib import Path
 
 from trm import storage
 from trm.config import evaluation_batch, training_steps
+from trm.train.sampling import puzzles_per_batch
 
 
 def model_costs(config: dict) -> dict:
@@ -54,10 +57,12 @@ def _evaluation_batches(
     test_time_steps: Sequence[int],
     devices: int,
     test_time_subset: int | None,
+    trajectories: Sequence[int] = (),
 ) -> dict[str, tuple]:
     """Each of the trainer's evaluations of a run as (evaluations, batches, rows per batch, supervision steps).
     Every row of a batch is computed; fewer puzzles than one batch run in one batch just large enough for them on
-    `devices` (trm/train/evaluator.py)."""
+    `devices` (trm/train/evaluator.py). "sampled": every K's pass of `trajectories` together (its rows per batch a
+    mean over them)."""
     train = config["train"]
     subset = test_puzzles if train["eval_subset"] is None else min(train["eval_subset"], test_puzzles)
     longest = max((train["eval_steps"], *test_time_steps))
@@ -72,6 +77,12 @@ def _evaluation_batches(
     for name, (count, puzzles, steps) in passes.items():
         rows = evaluation_batch(train["global_batch_size"], puzzles, devices) if puzzles else 0
         batched[name] = (count, math.ceil(puzzles / rows) if rows else 0, rows, steps)
+    # The sampled recursion (trm/train/final_evaluation.py): the curve's rows, K rows per puzzle, to the largest count.
+    sampled = test_time_subset if on_subset else test_puzzles
+    per_batch = [puzzles_per_batch(train["global_batch_size"], k, sampled, devices) for k in trajectories]
+    batches = [math.ceil(sampled / p) for p in per_batch]
+    rows = sum(b * p * k for b, p, k in zip(batches, per_batch, trajectories, strict=True))
+    batched["sampled"] = (1, sum(batches), rows / sum(batches), longest) if trajectories else (0, 0, 0, 0)
     return batched
 
 
@@ -81,13 +92,19 @@ def evaluation_passes(
     test_time_steps: Sequence[int],
     devices: int = 1,
     test_time_subset: int | None = None,
+    trajectories: Sequence[int] = (),
 ) -> dict[str, tuple]:
     """The trainer's evaluations of a run, each as (evaluations, rows, supervision steps): "intermediate" (on
-    `eval_subset` puzzles), "final" (the whole test split) and "test_time" (the test-time curve on
+    `eval_subset` puzzles), "final" (the whole test split), "test_time" (the test-time curve on
     `test_time_subset` puzzles, trm/train/test_time.py: 0 evaluations when the final pass scores the curve, to the
-    largest count, on the whole split). Rows are whole batches (`_evaluation_batches`)."""
-    passes = _evaluation_batches(config, test_puzzles, test_time_steps, devices, test_time_subset)
-    return {name: (count, batches * rows, steps) for name, (count, batches, rows, steps) in passes.items()}
+    largest count, on the whole split) and "sampled" (the curve's rows again, K rows per puzzle for each K of
+    `trajectories`; 0 evaluations without). Rows are whole batches (`_evaluation_batches`)."""
+    passes = _evaluation_batches(
+        config, test_puzzles, test_time_steps, devices, test_time_subset, trajectories
+    )
+    return {
+        name: (count, round(batches * rows), steps) for name, (count, batches, rows, steps) in passes.items()
+    }
 
 
 def evaluation_batch_steps(
@@ -96,9 +113,12 @@ def evaluation_batch_steps(
     test_time_steps: Sequence[int],
     devices: int = 1,
     test_time_subset: int | None = None,
+    trajectories: Sequence[int] = (),
 ) -> int:
     """Supervision steps of whole evaluation batches over a run's evaluations: what a per-step floor prices."""
-    passes = _evaluation_batches(config, test_puzzles, test_time_steps, devices, test_time_subset).values()
+    passes = _evaluation_batches(
+        config, test_puzzles, test_time_steps, devices, test_time_subset, trajectories
+    ).values()
     return sum(count * batches * steps for count, batches, _, steps in passes)
 
 
@@ -110,8 +130,15 @@ def describe_evaluation(passes: dict[str, tuple], test_time_steps: Sequence[int]
     counts = ",".join(map(str, test_time_steps))
     curves, curve_rows, curve_steps = passes["test_time"]
     if not curves:
-        return f"{text} (every test_time_steps count {counts} in one pass)"
-    return f"{text}, then {curve_rows} rows x {curve_steps} steps on the test-time subset (counts {counts})"
+        text = f"{text} (every test_time_steps count {counts} in one pass)"
+    else:
+        text = (
+            f"{text}, then {curve_rows} rows x {curve_steps} steps on the test-time subset (counts {counts})"
+        )
+    sampled, sampled_rows, sampled_steps = passes.get("sampled", (0, 0, 0))
+    return (
+        f"{text}, then {sampled_rows} rows x {sampled_steps} steps sampling trajectories" if sampled else text
+    )
 
 
 def evaluation_flops(
@@ -121,9 +148,11 @@ def evaluation_flops(
     test_time_steps: Sequence[int],
     devices: int = 1,
     test_time_subset: int | None = None,
+    trajectories: Sequence[int] = (),
 ) -> float:
     """FLOPs of a run's evaluations (`evaluation_passes`): forward supervision steps of every row evaluated."""
-    passes = evaluation_passes(config, test_puzzles, test_time_steps, devices, test_time_subset).values()
+    passes = evaluation_passes(config, test_puzzles, test_time_steps, devices, test_time_subset, trajectories)
+    passes = passes.values()
     return float(
         sum(count * rows * steps for count, rows, steps in passes) * costs["eval_flops_per_example_step"]
     )
@@ -190,12 +219,14 @@ def compiled_run_hours(
     test_puzzles: int,
     test_time_steps: Sequence[int],
     test_time_subset: int | None = None,
+    trajectories: Sequence[int] = (),
 ) -> dict[str, float]:
     """Device-hours of a run's training and of its evaluations (`evaluation_passes`) when its steps take `seconds`
     (compiled_step_seconds: the eval step for a batch of global_batch_size rows) on each of `devices`; a batch
     smaller than that counts as its fraction of the compiled one."""
     batch = config["train"]["global_batch_size"]
-    passes = evaluation_passes(config, test_puzzles, test_time_steps, devices, test_time_subset).values()
+    passes = evaluation_passes(config, test_puzzles, test_time_steps, devices, test_time_subset, trajectories)
+    passes = passes.values()
     evaluation = sum(count * rows / batch * steps for count, rows, steps in passes) * seconds["eval"]
     training = training_steps(config) * seconds["train"]
     return {"training": training * devices / 3600.0, "evaluation": evaluation * devices / 3600.0}

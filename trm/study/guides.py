@@ -18,7 +18,15 @@ from pathlib import Path
 from trm import storage
 from trm.config import CONFIG_DIR, EXPERIMENTS_DIR, config_value, load_config
 from trm.study.groups import GROUPS_PATH, describe, load_groups
-from trm.study.metrics import CURVE_METRICS, PLOT_METRICS, RUN_METRICS, TEST_TIME_METRICS, Metric
+from trm.study.metrics import (
+    CURVE_METRICS,
+    PLOT_METRICS,
+    RUN_METRICS,
+    SAMPLED_METRICS,
+    TEST_TIME_FLOPS,
+    TEST_TIME_METRICS,
+    Metric,
+)
 
 DOCS_DIR = CONFIG_DIR.parent / "docs" / "experiments"
 GENERATED = (
@@ -228,7 +236,13 @@ def _metrics_section() -> list[str]:
         "trainer's final evaluation, trm/train/evaluator.py: on the whole test split at train.eval_steps, on the",
         "workflow's test_time_subset at the other counts; `count` says how many puzzles):",
         "",
-        *_metric_table(TEST_TIME_METRICS),
+        *_metric_table({**TEST_TIME_METRICS, TEST_TIME_FLOPS.key: TEST_TIME_FLOPS}),
+        "",
+        "Sampled test-time recursion (`table-sampled.csv`, one row per run, step count and trajectories per puzzle K,",
+        "where the workflow's test_time_trajectories is set; the same puzzles as the test-time curve, each K times",
+        "with noise on z_L; trm/train/sampled.py, docs/fidelity.md):",
+        "",
+        *_metric_table({**SAMPLED_METRICS, TEST_TIME_FLOPS.key: TEST_TIME_FLOPS}),
     ]
 
 

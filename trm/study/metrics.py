@@ -2,13 +2,15 @@
 and unit, and which way is better. The summary of a run (`trm summarize`), the table (`trm aggregate`), the plots,
 the success criteria (config/groups.yaml, `trm verdicts`) and the generated guides (docs/experiments/) all read it.
 
-Three tables, three vocabularies:
+Four tables, four vocabularies:
   RUN_METRICS        one row per run (table.csv): what plots and criteria name. `source` says who computes it:
                      "run" from the run dir (`trm summarize`), "table" from the config and the training job's
                      benchmark (`trm aggregate`).
   CURVE_METRICS      one row per evaluation during training (table-curves.csv)
   TEST_TIME_METRICS  one row per run and test-time step count (table-test-time.csv): the fields of the trainer's
                      final evaluation (trm/train/evaluator.py says how each is measured)
+  SAMPLED_METRICS    one row per run, test-time step count and trajectories per puzzle (table-sampled.csv): the
+                     final evaluation's sampled recursion (trm/train/sampled.py)
 
 There is no accuracy of the raw (non-EMA) weights of an EMA run: the trainer evaluates the weights it checkpoints
 (the EMA weights when EMA is on, as the original does), and scoring the raw ones too would cost a second pass over
@@ -195,6 +197,22 @@ RUN_METRICS = _by_key(
         None,
         "table",
     ),
+    *(
+        Metric(
+            f"sampled_{rule}_exact_accuracy",
+            f"test exact accuracy of the answer {meaning}, from the largest count of trajectories of the final "
+            "evaluation's sampled recursion (test_time_trajectories), after the first test_time_steps count, on "
+            "the test-time subset (empty without sampling)",
+            f"sampled exact accuracy ({label})",
+            FRACTION_OF_PUZZLES,
+            True,
+        )
+        for rule, meaning, label in (
+            ("q", "of the trajectory with the highest Q-halt logit", "Q head picks"),
+            ("vote", "most trajectories give", "majority vote"),
+            ("oracle", "of any trajectory (the ceiling of a selection rule)", "any trajectory"),
+        )
+    ),
 )
 SUMMARY_METRICS = tuple(key for key, metric in RUN_METRICS.items() if metric.source == "run")
 
@@ -267,6 +285,48 @@ TEST_TIME_METRICS = _by_key(
         "halt_exact_accuracy",
         "exact accuracy of the answer at the first halt step: what adaptive halting would score",
         "exact accuracy at the halt step",
+        FRACTION_OF_PUZZLES,
+        True,
+    ),
+)
+
+# A column of the test-time and sampled tables that the table computes (trm aggregate), not the run: the test-time
+# compute of one puzzle's answer at that row.
+TEST_TIME_FLOPS = Metric(
+    "flops_per_puzzle",
+    "forward FLOPs spent on one puzzle at test time: steps x one supervision step's forward FLOPs (x trajectories)",
+    "test-time FLOPs per puzzle",
+    "FLOPs",
+    None,
+)
+
+SAMPLED_METRICS = _by_key(
+    TEST_TIME_METRICS["steps"],
+    Metric("trajectories", "noisy trajectories per puzzle (K)", "trajectories per puzzle", "count", None),
+    Metric("sigma", "sd of the noise added to z_L before each supervision step", "noise sd", "sd", None),
+    EVALUATED_PUZZLES,
+    *(
+        Metric(f"{rule}_{kind}", f"{what} of the answer {meaning}", f"{label} ({short})", unit, True)
+        for rule, meaning, label in (
+            ("q", "of the trajectory with the highest Q-halt logit", "Q head picks"),
+            ("vote", "most trajectories give", "majority vote"),
+        )
+        for kind, what, short, unit in (
+            ("exact_accuracy", "test exact accuracy", "exact", FRACTION_OF_PUZZLES),
+            ("accuracy", "test cell accuracy", "cells", FRACTION_OF_CELLS),
+        )
+    ),
+    Metric(
+        "oracle_exact_accuracy",
+        "test puzzles some trajectory solves (the ceiling of a selection rule)",
+        "any trajectory right",
+        FRACTION_OF_PUZZLES,
+        True,
+    ),
+    Metric(
+        "trajectory_exact_accuracy",
+        "test exact accuracy of one noisy trajectory, averaged over the trajectories",
+        "one noisy trajectory",
         FRACTION_OF_PUZZLES,
         True,
     ),

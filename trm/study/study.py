@@ -32,6 +32,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Collection
+from dataclasses import replace
 
 from trm.checkout import checkout_path
 from trm.config import config_value, experiment_ids
@@ -146,9 +147,9 @@ class Study:
         scale = scale_of(self.scale)
         self.pool, self.test_puzzles = scale.pool, scale.test_puzzles  # the pool: None at the paper scale
         self.test_time_steps: list[int] = config["test_time_steps"][self.scale]
-        self.test_time_subset: int | None = config["test_time_subset"][
-            self.scale
-        ]  # None: the whole test split
+        self.test_time_subset: int | None = config["test_time_subset"][self.scale]  # None: the whole split
+        self.test_time_trajectories: list[int] = config["test_time_trajectories"][self.scale]  # []: none
+        self.test_time_noise: float = config["test_time_noise"][self.scale]
         selected = [exp for exp in self.plan.values() if exp.id not in floor]
         self.selected_groups = list(dict.fromkeys(e.group for e in selected if e.group != REFERENCE_GROUP))
         self.references = [exp.id for exp in selected if exp.group == REFERENCE_GROUP and not exp.replicate]
@@ -296,7 +297,14 @@ class Study:
         tpu = tpu_options.launcher_settings(launch["tpu"])
         hosts, devices = launch["hosts"], launch["devices_per_host"]
         steps, subset = tuple(self.test_time_steps), self.test_time_subset
-        return Job(run, steps, self.backend, hosts, devices, tpu, subset, self.config["launch"]["platform"])
+        job = Job(run, steps, self.backend, hosts, devices, tpu, subset, self.config["launch"]["platform"])
+        sampling = {
+            "test_time_trajectories": tuple(self.test_time_trajectories),
+            "test_time_noise": self.test_time_noise,
+        }
+        return (
+            replace(job, **sampling) if self.test_time_trajectories else job
+        )  # none: the job file of before
 
     def job_digest(self, exp_id: str) -> str:
         """A digest of the job file of an experiment's run: its train job runs again when it changes."""

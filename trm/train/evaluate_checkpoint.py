@@ -1,6 +1,7 @@
 """Evaluate a checkpoint at several test-time step counts in one pass (test-time scaling).
 
     trm evaluate --checkpoint RUN_DIR --data DATA [--steps 16,32,64,128] [--subset N] [--out FILE.json]
+                 [--trajectories K,... [--noise SIGMA] [--sample-seed S]]
 
 --checkpoint: a run dir of `trm train` or `trm import-torch`. The model of its latest checkpoint is used:
   the EMA weights when the run kept an EMA (the output says which: "weights": "ema" or "params").
@@ -13,7 +14,10 @@
   bit for bit (on the same devices).
 
 The evaluation is the trainer's own (trm/train/evaluator.py says what each figure means), over every local
-device. Output: a JSON summary (--out FILE.json, or stdout) and a CSV with one row per step count beside it
+device. --trajectories: also the sampled recursion (trm/train/sampled.py) at the same counts and puzzles: K trajectories
+  per puzzle for each K, noise sd --noise (default 0.3) added to z_L before every supervision step, drawn from
+  --sample-seed (default 0); the JSON's "sampled" and FILE-sampled.csv, one row per K and count.
+Output: a JSON summary (--out FILE.json, or stdout) and a CSV with one row per step count beside it
 (FILE.csv). The workflow does not run this command: each training job ends by evaluating its run at the
 test-time step counts on its own hosts (`trm train --test-time-steps`, the run dir's test_time.json, the same
 JSON with the rows of each count added: the whole split, or the test-time subset of trm/train/test_time.py); this
@@ -38,6 +42,7 @@ from trm.data.verify import DATASET_CACHE, fetch_dataset
 from trm.errors import UserError, number
 from trm.run.timing import Timings
 from trm.train.records import parse_steps, results_csv
+from trm.train.sampling import DEFAULT_SEED, DEFAULT_SIGMA
 
 if TYPE_CHECKING:  # JAX and the model are imported by main, so `trm evaluate --help` stays fast
     from trm.train.weights import RunWeights
@@ -67,6 +72,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--out", default=None, help="JSON output file (CSV beside it); default: JSON to stdout"
+    )
+    parser.add_argument(
+        "--trajectories",
+        default="",
+        metavar="K,...",
+        help="also sample K noisy trajectories per puzzle, for each K (default: none)",
+    )
+    parser.add_argument(
+        "--noise",
+        type=number(float, minimum=0),
+        default=DEFAULT_SIGMA,
+        metavar="SIGMA",
+        help="sd of the noise added to z_L before each supervision step of a trajectory (default %(default)s)",
+    )
+    parser.add_argument(
+        "--sample-seed",
+        type=number(int, minimum=0),
+        default=DEFAULT_SEED,
+        help="seed of the trajectories' noise (default %(default)s)",
     )
     parser.add_argument(
         "--cache-dir", default=DATASET_CACHE, help="local cache for staged datasets (default %(default)s)"
@@ -114,6 +138,7 @@ def main(args: argparse.Namespace) -> int:
         from trm.train.weights import load_weights
 
     counts = parse_steps(args.steps)
+    trajectories = parse_steps(args.trajectories, "--trajectories") if args.trajectories else ()
     with timings.phase("data"):
         split = load_eval_split(args.data, args.split, args.cache_dir)
     with timings.phase("checkpoint"):
@@ -131,6 +156,7 @@ def main(args: argparse.Namespace) -> int:
     with timings.phase("evaluate"):
         on_device = evaluator.put_weights(weights.params, weights.puzzle_emb, weights.buffers)
         results = evaluate(evaluator, on_device, split, batch_size, args.subset, progress=True)
+        sampled = _sampled(evaluator, on_device, split, batch_size, args, trajectories)
     summary = {
         "checkpoint": args.checkpoint,
         "checkpoint_step": weights.step,
@@ -141,6 +167,7 @@ def main(args: argparse.Namespace) -> int:
         "devices": devices,
         "batch_size": batch_size,
         "results": results,
+        **({"sampled": sampled} if sampled else {}),
     }
     text = json.dumps(summary, indent=2) + "\n"
     if args.out is None:
@@ -149,6 +176,8 @@ def main(args: argparse.Namespace) -> int:
     csv_url = args.out.removesuffix(".json") + ".csv"
     try:
         storage.write_text(csv_url, results_csv(results))
+        if sampled:
+            storage.write_text(args.out.removesuffix(".json") + "-sampled.csv", results_csv(sampled))
         storage.write_text(args.out, text)  # last: its presence means both files are complete
     except UserError:
         sys.stdout.write(text)  # the evaluation is not lost: its JSON goes to stdout, the error to stderr
@@ -156,3 +185,18 @@ def main(args: argparse.Namespace) -> int:
     print(f"wrote {args.out} and {csv_url}", file=sys.stderr)
     print(json.dumps({"timings": timings.record()}), file=sys.stderr)
     return 0
+
+
+def _sampled(evaluator, weights: tuple, split: SplitData, batch_size: int, args, trajectories) -> list[dict]:
+    """The sampled recursion's records, K by K ([] without --trajectories)."""
+    from trm.train.sampled import SampledEvaluator, describe, evaluate_sampled
+
+    if not trajectories:
+        return []
+    base = SampledEvaluator(evaluator, trajectories[0], args.noise, args.sample_seed)
+    records = []
+    for k in trajectories:
+        sampled = base.with_trajectories(k)  # one compiled program for every K
+        describe(sampled, len(split.inputs) if args.subset is None else min(args.subset, len(split.inputs)))
+        records += evaluate_sampled(sampled, weights, split, batch_size, args.subset)
+    return records

@@ -105,17 +105,22 @@ class Evaluator:
         carry = initial_carry(self.model, rows)
         return (carry, no_halt, jnp.zeros((rows,), bool)), (batch["labels"] != IGNORE_LABEL).any(-1)
 
-    def _one_step(self, params, puzzle_emb, buffers, state, batch, t, max_steps):
+    def _one_step(
+        self, params, puzzle_emb, buffers, state, batch, t, max_steps, z_L_noise=None, answers=False
+    ):
         """Supervision step `t` of every row and its per-puzzle statistics. `max_steps` is the pass's length,
-        traced: no row halts (and restarts) before it, and the program is the same for every pass."""
+        traced: no row halts (and restarts) before it, and the program is the same for every pass. For the
+        sampled evaluation (trm/train/sampled.py): `z_L_noise` is added to z_L before the step (act_step), and
+        `answers` (static) adds each row's "prediction" (its argmax tokens) and "q_halt_logit" to the statistics."""
         module = self.model.bind(params, puzzle_emb, buffers)
         carry, first_halt, exact_at_halt = state
         labels = batch["labels"]
         mask = labels != IGNORE_LABEL
         cells = mask.sum(-1)
         divisor = jnp.maximum(cells, 1).astype(jnp.float32)
-        carry, out = act_step(module, carry, batch, training=False, max_steps=max_steps)
-        correct = mask & (jnp.argmax(out.logits, axis=-1) == labels)
+        carry, out = act_step(module, carry, batch, training=False, max_steps=max_steps, z_L_noise=z_L_noise)
+        prediction = jnp.argmax(out.logits, axis=-1)
+        correct = mask & (prediction == labels)
         exact = correct.sum(-1) == cells
         q_halt = out.q_halt_logits
         says_halt_first = (first_halt == 0) & (q_halt > 0)
@@ -133,7 +138,10 @@ class Evaluator:
             "lm_loss": CROSS_ENTROPY[module.cfg.loss](out.logits, labels).sum(-1) / divisor,
             "q_halt_loss": jnp.maximum(q_halt, 0) - q_halt * target + jnp.log1p(jnp.exp(-jnp.abs(q_halt))),
         }
-        return (carry, first_halt, exact_at_halt), {k: v.astype(jnp.float32) for k, v in stats.items()}
+        stats = {k: v.astype(jnp.float32) for k, v in stats.items()}
+        if answers:
+            stats.update(prediction=prediction.astype(jnp.int32), q_halt_logit=q_halt)
+        return (carry, first_halt, exact_at_halt), stats
 
 
 def _all_rows(array: jax.Array) -> np.ndarray:

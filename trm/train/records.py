@@ -41,8 +41,12 @@ class Tally:
     the sums of squares of the SD_STATS.
 
     Its record (`to_record`, JSON: a float64 written by Python round-trips exactly) lets a stopped evaluation
-    continue where it stopped and end with exactly the figures of an unbroken one.
+    continue where it stopped and end with exactly the figures of an unbroken one. A subclass sums other
+    statistics (STATS, SD: the sampled evaluation's, trm/train/sampled.py).
     """
+
+    STATS: tuple[str, ...] = EVAL_STATS
+    SD: tuple[str, ...] = SD_STATS
 
     def __init__(
         self, counts: Sequence[int], batches: int = 0, count: int = 0, sums=None, squares=None
@@ -50,17 +54,16 @@ class Tally:
         self.counts = tuple(counts)
         self.batches = batches
         self.count = count
-        self.sums = np.zeros((len(self.counts), len(EVAL_STATS))) if sums is None else np.asarray(sums)
-        self.squares = np.zeros((len(self.counts), len(SD_STATS))) if squares is None else np.asarray(squares)
+        self.sums = np.zeros((len(self.counts), len(self.STATS))) if sums is None else np.asarray(sums)
+        self.squares = np.zeros((len(self.counts), len(self.SD))) if squares is None else np.asarray(squares)
 
     def add(self, stats: dict[int, dict], real: np.ndarray) -> None:
         """One batch's per-row statistics, summed in row order."""
         self.sums += [
-            [stats[k][name][real].sum(dtype=np.float64) for name in EVAL_STATS] for k in self.counts
+            [stats[k][name][real].sum(dtype=np.float64) for name in self.STATS] for k in self.counts
         ]
         self.squares += [
-            [np.square(stats[k][name][real], dtype=np.float64).sum() for name in SD_STATS]
-            for k in self.counts
+            [np.square(stats[k][name][real], dtype=np.float64).sum() for name in self.SD] for k in self.counts
         ]
         self.count += int(real.sum())
         self.batches += 1
@@ -73,10 +76,10 @@ class Tally:
             {
                 "steps": k,
                 "count": n,
-                **{name: float(v) / max(n, 1) for name, v in zip(EVAL_STATS, row, strict=True)},
+                **{name: float(v) / max(n, 1) for name, v in zip(self.STATS, row, strict=True)},
                 **{
-                    f"{name}_puzzle_sd": _sample_sd(float(row[EVAL_STATS.index(name)]), float(square), n)
-                    for name, square in zip(SD_STATS, squares, strict=True)
+                    f"{name}_puzzle_sd": _sample_sd(float(row[self.STATS.index(name)]), float(square), n)
+                    for name, square in zip(self.SD, squares, strict=True)
                 },
             }
             for k, row, squares in zip(self.counts, self.sums, self.squares, strict=True)

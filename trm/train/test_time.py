@@ -112,7 +112,7 @@ def _rows_of(record: dict) -> Rows:
     return record["subset_size"], record["subset_seed"]
 
 
-def _read_or_redo(url: str) -> dict:
+def read_or_redo(url: str) -> dict:
     """The JSON object at `url`, or {} when it is damaged (a crash or a full disk cut it short): what it held is
     evaluated again, and the file rewritten."""
     try:
@@ -129,7 +129,7 @@ def read_evaluation(run_dir: str, checkpoint_step: int) -> dict[tuple[Rows, int]
     url = layout.path(run_dir, layout.TEST_TIME)
     if not storage.exists(url):
         return {}
-    summary = _read_or_redo(url)
+    summary = read_or_redo(url)
     if summary.get("checkpoint_step") != checkpoint_step:
         return {}
     evaluated_rows = summary["evaluated_rows"]
@@ -158,7 +158,7 @@ def _saved_tally(run_dir: str, key: dict) -> Tally:
     """The tally of a stopped pass with the same key, else a fresh one. Every host reads the file; they must
     agree on where to continue (the stopped job's process 0 wrote it)."""
     url = layout.path(run_dir, layout.TEST_TIME_PROGRESS)
-    saved = _read_or_redo(url) if storage.exists(url) else {}
+    saved = read_or_redo(url) if storage.exists(url) else {}
     tally = Tally.from_record(saved["tally"]) if saved.get("key") == key else Tally(key["counts"])
     distributed.check_hosts_agree(f"where the evaluation in {url} continues", f"batch {tally.batches}")
     return tally

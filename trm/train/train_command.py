@@ -41,11 +41,12 @@ from trm.run.state import mark_setup_failed
 from trm.run.timing import Timings
 from trm.train.hostlog import HostLog
 from trm.train.records import parse_steps
+from trm.train.sampling import DEFAULT_SIGMA, Sampling
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
     """What a job file holds of these arguments (trm/launch/job.py): the run (trm/run/spec.py) and its final
-    evaluation's test-time steps and subset; `trm launch` takes the same ones by hand."""
+    evaluation's test-time steps, subset and sampling; `trm launch` takes the same ones by hand."""
     spec.add_arguments(parser, required)
     parser.add_argument(
         "--test-time-steps",
@@ -62,12 +63,33 @@ def add_run_arguments(parser: argparse.ArgumentParser, required: bool = True) ->
         "and train.eval_steps on the whole split (default: every count on the whole split; the workflow's "
         "test_time_subset)",
     )
+    parser.add_argument(
+        "--test-time-trajectories",
+        default="",
+        metavar="K,...",
+        help="then score the same counts and puzzles with K noisy trajectories per puzzle, for each K "
+        "(sampled.json; trm/train/sampled.py; the workflow's test_time_trajectories); default: none",
+    )
+    parser.add_argument(
+        "--test-time-noise",
+        type=number(float, minimum=0),
+        default=None,
+        metavar="SIGMA",
+        help="the sd of the Gaussian noise added to z_L before every supervision step of a trajectory "
+        f"(default {DEFAULT_SIGMA}; the workflow's test_time_noise)",
+    )
 
 
-def final_evaluation(args: argparse.Namespace) -> tuple[tuple[int, ...], int | None]:
-    """The test-time step counts and subset of parsed `add_run_arguments` arguments; a UserError for a bad one."""
+def final_evaluation(args: argparse.Namespace) -> tuple[tuple[int, ...], int | None, Sampling | None]:
+    """The test-time step counts, subset and sampling (None without --test-time-trajectories) of parsed
+    `add_run_arguments` arguments; a UserError for a bad one."""
     steps = parse_steps(args.test_time_steps, "--test-time-steps") if args.test_time_steps else ()
-    return steps, args.test_time_subset
+    trajectories = args.test_time_trajectories
+    if not trajectories:
+        return steps, args.test_time_subset, None
+    counts = parse_steps(trajectories, "--test-time-trajectories")
+    sigma = DEFAULT_SIGMA if args.test_time_noise is None else args.test_time_noise
+    return steps, args.test_time_subset, Sampling(counts, sigma)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -118,7 +140,7 @@ def _train(args: argparse.Namespace, host_log: HostLog, timings: Timings) -> int
         from trm.train.trainer import Trainer
 
     run = spec.resolve(args)
-    test_time_steps, test_time_subset = final_evaluation(args)
+    test_time_steps, test_time_subset, sampling = final_evaluation(args)
     try:
         with timings.phase("setup"):
             trainer = Trainer(
@@ -133,6 +155,7 @@ def _train(args: argparse.Namespace, host_log: HostLog, timings: Timings) -> int
                 timings,
                 test_time_subset=test_time_subset,
                 config_hash=run.config_hash,
+                sampling=sampling,
             )
     except RunDirRefused:
         raise  # another config's or dataset's run dir: nothing is written there

@@ -21,13 +21,14 @@ from trm.train.batches import TrainBatches
 from trm.train.checkpoint import Checkpointer
 from trm.train.ema import eval_params
 from trm.train.evaluator import Evaluator, evaluate
+from trm.train.final_evaluation import run_final_evaluation
 from trm.train.hostlog import HostLog
 from trm.train.kernel_check import check_run
 from trm.train.records import MetricsLog, MetricWindow, best_evaluation, row_means
 from trm.train.run_data import check_resumed_data, load_run_data
+from trm.train.sampling import Sampling
 from trm.train.schedule import cycles_at, halt_exploration_at
 from trm.train.step import ModelTemplate, TrainState, TrainStep, check_train_config, init_state
-from trm.train.test_time import run_test_time_evaluation
 
 
 class Trainer:
@@ -44,12 +45,14 @@ class Trainer:
         timings: Timings | None = None,
         test_time_subset: int | None = None,
         config_hash: str | None = None,
+        sampling: Sampling | None = None,
     ) -> None:
         self.timings = timings or Timings()
         self.config = config
         self.config_hash = config_hash or run_config.config_hash(config)  # a job's, from --config-hash
         self.data_url = data_url
         self.test_time_steps, self.test_time_subset = test_time_steps, test_time_subset
+        self.sampling = sampling  # the final evaluation's sampled recursion, if any
         self.run_dir = run_dir
         self.log_every = log_every
         self.train_cfg = tc = config["train"]
@@ -321,31 +324,28 @@ class Trainer:
         return record
 
     def _final_evaluation(self, state: TrainState) -> dict | None:
-        """test_time.json (trm/train/test_time.py); the whole test split's figures at eval_steps, or None if stopped."""
-        tc = self.train_cfg
+        """test_time.json, sampled.json (trm/train/final_evaluation.py): the headline's figures; None if stopped."""
         self.status.write("running", step=self.total_steps, epoch=self.batches.epoch_at(self.total_steps))
-        results = run_test_time_evaluation(
+        return run_final_evaluation(
             self.evaluator,
             self._eval_weights(state),
             self.test_split,
             run_dir=self.run_dir,
-            counts=(*self.test_time_steps, tc["eval_steps"]),
-            batch_size=tc["global_batch_size"],
+            counts=self.test_time_steps,
+            headline=self.train_cfg["eval_steps"],
+            subset=self.test_time_subset,
+            sampling=self.sampling,
+            batch_size=self.train_cfg["global_batch_size"],
             summary={
                 "checkpoint": self.run_dir,
                 "checkpoint_step": self.total_steps,
                 "weights": "ema" if state.ema is not None else "params",
                 "data": self.data_url,
-                "split": "test",
-                "subset": None,
             },
             writer=self.is_writer,
             stop=lambda batches: self._stop_requested(self.total_steps + batches),
             heartbeat=lambda: self.status.heartbeat(step=self.total_steps),
-            headline=tc["eval_steps"],
-            subset=self.test_time_subset if self.test_time_steps else None,
         )
-        return None if results is None else results[tc["eval_steps"]]
 
     def _eval_weights(self, state: TrainState) -> tuple:
         return self.evaluator.put_weights(

@@ -19,6 +19,7 @@ rule aggregate:
         ),
         curves=f"{TABLE}-curves.csv",
         test_time=f"{TABLE}-test-time.csv",
+        sampled=f"{TABLE}-sampled.csv",
     params:
         trm=TRM,
         ids=[exp for exp in PLAN if exp not in study.floor_only],
@@ -71,6 +72,7 @@ rule plot_group:
         csv=TABLE_CSV,
         curves=f"{TABLE}-curves.csv",
         test_time=f"{TABLE}-test-time.csv",
+        sampled=f"{TABLE}-sampled.csv",
         groups="config/groups.yaml",
         # Not read by the plot: the report's caption includes it (hypothesis, expected result, verdict).
         verdict=os.path.join(VERDICTS, "{group}.rst"),

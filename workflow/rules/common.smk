@@ -46,6 +46,15 @@ TABLE_CSV = f"{TABLE}.csv"
 PLOT_FILES = os.path.join(ANALYSIS, "plots", "{group}.{ext}")
 SELECTED_GROUPS = study.selected_groups
 TEST_TIME_STEPS = ",".join(map(str, study.test_time_steps))
+# `trm summarize`'s arguments for the sampled recursion a run's summary must hold: none without it.
+TEST_TIME_SAMPLING = (
+    [
+        *("--test-time-trajectories", ",".join(map(str, study.test_time_trajectories))),
+        *("--test-time-noise", repr(study.test_time_noise)),
+    ]
+    if study.test_time_trajectories
+    else []
+)
 
 
 wildcard_constraints:

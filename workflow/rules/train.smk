@@ -1,7 +1,8 @@
 # Training and evaluation, one job per experiment. Each job launches its run's job file (RESULTS/jobs/<hash>.json:
 # the resolved config, dataset, run dir and launch settings; trm/launch/job.py), which trains the run and, as its
 # last phase on the same hosts, evaluates the whole test split at train.eval_steps and every test_time_steps count
-# on test_time_subset puzzles (trm/train/test_time.py); the run dir (checkpoints, evaluation) lives in storage
+# on test_time_subset puzzles (trm/train/test_time.py), then, with test_time_trajectories, the same counts and
+# puzzles with K noisy trajectories per puzzle (trm/train/final_evaluation.py); the run dir (checkpoints, evaluation) lives in storage
 # under that hash. The job's one local output is the run's summary (`trm summarize`, RESULTS/runs/<exp>.json),
 # written only after the run's _SUCCESS marker, so a failed or preempted job leaves nothing that looks complete,
 # and rerunning it resumes where it stopped (training or evaluation).
@@ -21,6 +22,7 @@ rule train:
         command=lambda wildcards: study.train_command(wildcards.exp),
         run_dir=lambda wildcards: study.run_url(wildcards.exp),
         steps=TEST_TIME_STEPS,
+        sampling=TEST_TIME_SAMPLING,
     message:
         "{resources.estimate}"
     resources:
@@ -34,6 +36,6 @@ rule train:
     shell:
         # A finished run (trained by a same-config experiment or an earlier attempt) is only summarised; one that
         # has not finished, or whose evaluation lacks a count, is (re)launched, and evaluates only missing counts.
-        "({params.trm:q} summarize {params.run_dir:q} --test-time-steps {params.steps:q} --output {output:q} || "
-        "({params.command:q} && {params.trm:q} summarize {params.run_dir:q} --test-time-steps {params.steps:q} "
-        "--output {output:q})) > {log:q} 2>&1"
+        "({params.trm:q} summarize {params.run_dir:q} --test-time-steps {params.steps:q} {params.sampling:q} "
+        "--output {output:q} || ({params.command:q} && {params.trm:q} summarize {params.run_dir:q} "
+        "--test-time-steps {params.steps:q} {params.sampling:q} --output {output:q})) > {log:q} 2>&1"
