@@ -281,6 +281,13 @@ class Babysitter:
 
 def check(job: Job) -> None:
     """Refuse bad tpu-vm settings and run URLs the hosts cannot reach, before anything is written or started."""
+    if (
+        job.kind != "train"
+    ):  # the babysitter follows a trainer's markers (status.json, _SUCCESS), which a canary lacks
+        raise UserError(
+            f"a {job.kind} job runs on the local backend only, for now: on a slice, run `trm {job.host_command}` "
+            'on every host by hand (docs/tpu.md, "Before `all`: the canary")'
+        )
     tpu_options.check(job.tpu, _job_setting)
     for key, url in (("data", job.run.data), ("run_dir", job.run.run_dir)):
         if not _is_gcs(storage.check_url(url, f"the job's {key}")):

@@ -65,7 +65,7 @@ TRM = os.path.join(os.path.dirname(sys.executable), "trm")
 DEFAULT_SETTINGS = checkout_path("config/config.yaml")
 # The rules whose jobs reach `storage` or a TPU slice (workflow/rules/): only a run of one needs a real bucket and,
 # on TPU, the preflight.
-CLOUD_RULES = ("stage_dataset", "train")
+CLOUD_RULES = ("stage_dataset", "train", "canary")
 
 
 def _check_argument(value: str, key: str) -> None:
