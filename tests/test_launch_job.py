@@ -13,7 +13,7 @@ from trm import storage
 from trm.cli import main as trm
 from trm.config import config_hash, dump_config, load_config
 from trm.errors import UserError
-from trm.launch import tpu_options, tpu_vm
+from trm.launch import tpu_options
 from trm.launch.job import Job, read_job
 from trm.run import layout
 from trm.run import state as runstate
@@ -97,9 +97,6 @@ def test_a_canary_job_file_runs_trm_canary_on_its_folder_and_a_training_job_file
         where.write_text(json.dumps(content))
         with pytest.raises(UserError, match=expected):
             read_job(str(where))
-    # The tpu-vm babysitter follows a trainer's markers: a canary job there is refused in one line, for now.
-    with pytest.raises(UserError, match="runs on the local backend only, for now"):
-        tpu_vm.check(_job(tmp_path, tmp_path / "canary", test_time_steps=(), kind="canary", backend="tpu-vm"))
 
 
 def test_launch_takes_only_trainer_options_after_a_job_and_refuses_a_batch_its_devices_cannot_split(

@@ -123,13 +123,13 @@ def main(args: argparse.Namespace) -> int:
         job.run.run_dir, job.run.data
     )  # before the lease: nothing written in another's run dir
     lease = Lease(job.run.run_dir, job.tpu["stale_after_seconds"], log)
-    # A finished run needs no lease: nothing trains it again.
-    with contextlib.nullcontext() if layout.finished(job.run.run_dir) else lease.held():
+    # A finished run needs no lease: nothing trains it again. A canary runs each time it is launched.
+    finished = job.kind == "train" and layout.finished(job.run.run_dir)
+    with contextlib.nullcontext() if finished else lease.held():
         layout.claim(job.run.run_dir, job.run.config, job.run.config_hash)  # what every host trains
-        if (
-            job.kind == "canary"
-        ):  # a page or checkpoint left by an earlier canary must not pass for this one's
-            for name in (layout.CANARY, layout.CHECKPOINTS):
+        if job.kind == "canary":
+            # What an earlier canary left (page, checkpoint, markers) must not pass for this one's.
+            for name in (layout.CANARY, layout.CHECKPOINTS, layout.STATUS, layout.SUCCESS, layout.LAUNCH):
                 storage.remove(layout.path(job.run.run_dir, name))
         watch_controller()  # a workflow's job: stop (as on SIGTERM) if Snakemake is killed
         code = backend.launch(job, [*job.host_arguments(), *train_args], lease.lost)

@@ -13,7 +13,9 @@ Runs the baseline (or the given config) where the study will run it, and checks,
   checkpoint   the state written to DIR/ckpt, restored, and its parameters bit-identical to those written
   step time    the median step (after the first, which compiles), per step shape (trm/study/measured.py step_key)
 
-It prints the page and exits 0 (go) or 1 (no-go); DIR/canary.json holds every figure. With --results (the
+It prints the page and exits 0 (go) or 1 (no-go); DIR/canary.json holds every figure, and DIR holds the markers
+a trainer leaves in its run dir (status.json with a heartbeat, "failed" on a no-go; _SUCCESS on a go), which the
+tpu-vm launcher of a workflow's canary job watches. With --results (the
 workflow's results folder), a go also writes the step time where the plan reads it: RESULTS/measured/, one file
 per step program and device count, from which `snakemake -n` prices those runs' training ("measured"). Run it on every host of a
 job as `trm train` runs (the same --coordinator and --process-id options).
@@ -33,6 +35,7 @@ import json
 import math
 import os
 import statistics
+import threading
 import time
 from typing import NamedTuple
 
@@ -40,6 +43,7 @@ from trm import storage
 from trm.config import add_config_arguments, resolve_config_arguments
 from trm.errors import UserError, number
 from trm.run import distributed, layout
+from trm.run import state as runstate
 from trm.study.measured import measured_step_path, step_key
 
 FIRST_LAST = 5  # steps averaged at each end of the loss curve
@@ -88,18 +92,54 @@ def main(args: argparse.Namespace) -> int:
     if missing := [f"--{k}" for k in ("data", "out") if getattr(args, k) is None]:
         raise UserError(f"no {', '.join(missing)}: trm canary --data DATA --out DIR (or --report DIR)")
     distributed.initialize(distributed.options_from_args(args))  # before anything touches a device
-    config = resolve_config_arguments(args)
-    checks, record = run_canary(config, args.data, args.out, args.steps, args.cache_dir)
-    go = all(c.passed for c in checks)
     import jax
 
-    if jax.process_index() == 0:
+    config = resolve_config_arguments(args)
+    writer = jax.process_index() == 0
+    with _Heartbeat(args.out, writer):
+        checks, record = run_canary(config, args.data, args.out, args.steps, args.cache_dir)
+    go = all(c.passed for c in checks)
+    text = page(checks, record)
+    if writer:
         if args.results and go:  # only a step that ran right prices the study
             record["measured_step_file"] = write_measured(args.results, config, record)
         document = {**record, "go": go, "checks": [c._asdict() for c in checks]}
         storage.write_text(layout.path(args.out, layout.CANARY), json.dumps(document, indent=1) + "\n")
-    print(page(checks, record))
+        if go:  # the markers a trainer leaves, which the tpu-vm launcher watches
+            runstate.write_status(args.out, {"state": "finished"})
+            storage.write_text(layout.path(args.out, layout.SUCCESS), "")
+        else:
+            runstate.write_status(args.out, {"state": "failed", "error": text.splitlines()[0]})
+    print(text)
     return 0 if go else 1
+
+
+class _Heartbeat:
+    """status.json in the canary's folder as a trainer keeps it (trm/run/state.py): "running", refreshed every
+    HEARTBEAT_S while the checks run, "failed" with the error if they raise. The tpu-vm launcher watches it (a
+    workflow's canary job); written by process 0 only."""
+
+    def __init__(self, out: str, writer: bool) -> None:
+        self.out, self.writer, self.stop = out, writer, threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True)
+
+    def _beat(self) -> None:
+        while True:
+            runstate.write_status(self.out, {"state": "running"})
+            if self.stop.wait(runstate.HEARTBEAT_S):
+                return
+
+    def __enter__(self) -> _Heartbeat:
+        if self.writer:
+            self.thread.start()
+        return self
+
+    def __exit__(self, kind, error, _traceback) -> None:
+        self.stop.set()
+        if self.writer:
+            self.thread.join()
+            if error is not None:
+                runstate.write_status(self.out, {"state": "failed", "error": str(error) or kind.__name__})
 
 
 def write_measured(results: str, config: dict, record: dict) -> str:

@@ -10,7 +10,8 @@ The launcher starts `trm canary` on every host where a training job would start 
 controller, `trm canary --report` prints the go / no-go page from that folder and, on a go, writes the step time
 into RESULTS/measured/ (the rule's output), where every later plan reads it. It runs no study job, and `all`
 does not depend on it; it runs again when its measured file is missing (a code change gives the step a new hash)
-or with `--forcerun canary`. Only the local backend runs it for now (trm/launch/tpu_vm.py refuses it).
+or with `--forcerun canary`. On the tpu-vm backend the launcher watches the markers the canary writes in its
+folder as a trainer does in its run dir (status.json, _SUCCESS on a go); tested on the fake cloud only.
 """
 
 from __future__ import annotations
