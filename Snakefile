@@ -44,10 +44,12 @@ localrules:
 onstart:
     interrupts.install()
     try:
+        rules = {job.rule.name for job in workflow.dag.needrun_jobs()}
         study.write_jobs()
-        CANARY.write()
+        if CANARY_RULE in rules:  # its job file (RESULTS/jobs/canary.json) only when it runs: `all` never needs it
+            CANARY.write()
         study.costs.save_cache()
-        study.check_before_jobs({job.rule.name for job in workflow.dag.needrun_jobs()})
+        study.check_before_jobs(rules)
     except UserError as err:
         raise WorkflowError(str(err)) from None
 

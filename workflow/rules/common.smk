@@ -12,7 +12,7 @@ from trm.errors import UserError
 from trm.launch.local import one_thread_per_job
 from trm.study import interrupts
 from trm.study.settings import setting_source
-from trm.study.canary_job import CanaryJob
+from trm.study.canary_job import CANARY as CANARY_RULE, CanaryJob
 from trm.study.study import DEFAULT_SETTINGS, TRM, Study
 
 
