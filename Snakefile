@@ -6,6 +6,7 @@
 #   snakemake --report results/report.html        HTML report with the plots and the table (of the whole study;
 #                                                 a selection's: the same --config as its run)
 #   snakemake --cores 1 compile_check             compile every step for the TPU slice: does it fit, how fast
+#   snakemake --cores 2 canary                    before `all` on new hardware: go / no-go on the job's devices
 # Settings: config/config.yaml (local defaults), profiles/default/ (applied everywhere).
 
 configfile: "config/config.yaml"
@@ -43,9 +44,12 @@ localrules:
 onstart:
     interrupts.install()
     try:
+        rules = {job.rule.name for job in workflow.dag.needrun_jobs()}
         study.write_jobs()
+        if CANARY_RULE in rules:  # its job file (RESULTS/jobs/canary.json) only when it runs: `all` never needs it
+            CANARY.write()
         study.costs.save_cache()
-        study.check_before_jobs({job.rule.name for job in workflow.dag.needrun_jobs()})
+        study.check_before_jobs(rules)
     except UserError as err:
         raise WorkflowError(str(err)) from None
 

@@ -19,6 +19,7 @@ from trm.config import dump_config, training_steps
 from trm.launch.accelerators import step_hash
 from trm.model import mlp_t_kernel
 from trm.run import distributed
+from trm.study.canary import Check, on_every_host
 from trm.train import checkpoint, first_logits, kernel_check, step
 
 pytestmark = pytest.mark.slow  # 10 to 20 s each: a tiny model's 30 steps and a checkpoint
@@ -82,8 +83,8 @@ def test_a_bad_loss_a_host_that_differs_and_a_bad_restore_are_each_no_go(
         state, record = restore(self, at, like)
         return state._replace(params=jax.tree.map(lambda p: p + 1, state.params)), record
 
-    def two_hosts(value):  # a second host whose parameters differ from host 0's
-        return [value, "0" * 64]
+    def two_hosts(value):  # a second host whose parameters differ from host 0's (and whose checks agree)
+        return [value, "0" * 64] if len(value) == 64 else [value, value]
 
     def device_off(model, device, weights, rows):  # the device's logits (computed first) 1.5 times the CPU's
         logits = real_logits(model, device, weights, rows)
@@ -126,3 +127,15 @@ def test_a_go_writes_its_step_time_where_the_plan_prices_training_from_it(easy_d
     assert f"  canary:     training of 1 runs at the step times measured in {tmp_path}/results/measured/" in (
         costs.plan_text().splitlines()
     )
+
+
+def test_a_check_that_passed_here_and_failed_on_another_host_fails_the_page(monkeypatch):
+    monkeypatch.setattr(
+        distributed, "gather_strings", lambda outcomes: [outcomes, "100"]
+    )  # host 1's outcomes
+    checks = [Check("kernel", True, "k"), Check("loss", True, "l"), Check("replicas", False, "r")]
+    assert on_every_host(checks) == [
+        checks[0],
+        Check("loss", False, "l; FAILED on host 1 (its figures: that host's output)"),
+        checks[2],  # failed here already: its own figures say why
+    ]

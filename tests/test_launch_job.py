@@ -53,7 +53,7 @@ def test_a_job_file_reads_back_as_written_and_a_bad_one_is_one_line_naming_it(tm
     job, path = _job(tmp_path, tmp_path / "run"), str(tmp_path / "job.json")
     job.write(path)
     assert read_job(path) == job
-    assert job.trainer_arguments() == [
+    assert job.host_arguments() == [
         "--config",
         str(tmp_path / "run/config.json"),
         "--config-hash",
@@ -66,7 +66,7 @@ def test_a_job_file_reads_back_as_written_and_a_bad_one_is_one_line_naming_it(tm
         "16,32",
     ]
     subset = _job(tmp_path, tmp_path / "run", test_time_subset=7)
-    assert subset.trainer_arguments()[-2:] == ["--test-time-subset", "7"]
+    assert subset.host_arguments()[-2:] == ["--test-time-subset", "7"]
     subset.write(path)
     assert read_job(path) == subset
     job.write(path)
@@ -88,6 +88,33 @@ def test_a_job_file_reads_back_as_written_and_a_bad_one_is_one_line_naming_it(tm
         with pytest.raises(UserError) as info:
             read_job(str(where))
         assert str(info.value).startswith(str(where)) and expected in str(info.value), info.value
+
+
+def test_a_canary_job_file_runs_trm_canary_on_its_folder_and_a_training_job_file_has_no_kind(tmp_path):
+    path = str(tmp_path / "job.json")
+    _job(tmp_path, tmp_path / "run").write(path)
+    assert "kind" not in json.loads(Path(path).read_text())  # the files of existing studies stay as they were
+    canary = _job(tmp_path, tmp_path / "canary", test_time_steps=(), kind="canary")
+    canary.write(path)
+    record = json.loads(Path(path).read_text())
+    assert record["kind"] == "canary" and read_job(path) == canary and canary.host_command == "canary"
+    assert canary.host_arguments() == [
+        "--config",
+        str(tmp_path / "canary/config.json"),
+        "--data",
+        str(tmp_path / "no-dataset"),
+        "--out",
+        str(tmp_path / "canary"),
+    ]
+    bad = {
+        "kind": ({**record, "kind": "evaluate"}, "kind 'evaluate': one of train, canary"),
+        "steps": ({**record, "test_time_steps": [16]}, "a canary job evaluates nothing"),
+    }
+    for name, (content, expected) in bad.items():
+        where = tmp_path / f"{name}.json"
+        where.write_text(json.dumps(content))
+        with pytest.raises(UserError, match=expected):
+            read_job(str(where))
 
 
 def test_launch_takes_only_trainer_options_after_a_job_and_refuses_a_batch_its_devices_cannot_split(

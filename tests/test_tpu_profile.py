@@ -1,6 +1,7 @@
 """The tpu-v4-64 profile: its dry run needs no gcloud, credentials or network, and a Snakemake run through a test
 profile derived from it trains two tiny experiments at once, each on its own slice of a pool of two emulated
-slices (tests/fake_gcloud/gcloud, storage on the GCS emulator), 2 hosts per slice.
+slices (tests/fake_gcloud/gcloud, storage on the GCS emulator), 2 hosts per slice; and its `canary` target runs
+`trm canary` on every host of one such slice.
 """
 
 from __future__ import annotations
@@ -98,6 +99,12 @@ def test_profile_dry_run_needs_no_gcloud_and_shows_tpu_hours(tmp_path):
     assert "YOUR-BUCKET is a placeholder" in output and "docs/tpu.md" in output
 
 
+def _with_profile(profile: Path, root: Path, *targets: str) -> subprocess.CompletedProcess:
+    """Snakemake on the workflow at `root` with `profile`, making `targets`."""
+    command = [SNAKEMAKE, "--profile", str(profile), "--cores", "2", *targets]
+    return subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=600)
+
+
 def _test_profile(root: Path, tpu_bucket: str, tmp: Path) -> Path:
     """The tpu-test profile with two experiments, and one supervision step too: where the slice's and a
     one-process evaluation must agree (see below), every count on the whole test split and without sampling (two
@@ -116,13 +123,7 @@ def test_profile_runs_two_experiments_on_an_emulated_slice(cloud, tpu_bucket, wo
     profile = _test_profile(root, tpu_bucket, tmp_path)
     targets = [f"results/smoke/runs/{exp}.json" for exp in ("exp01a", "exp04a_100")]
     started = time.time()
-    done = subprocess.run(
-        [SNAKEMAKE, "--profile", str(profile), "--cores", "2", *targets],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = _with_profile(profile, root, *targets)
     print(f"snakemake --profile tpu-test, two experiments: {time.time() - started:.1f} s")
     logs = "".join(p.read_text() for p in (root / "results/smoke/logs/train").glob("*.log"))
     assert done.returncode == 0, done.stderr[-3000:] + logs[-3000:]
@@ -183,15 +184,31 @@ def test_a_failed_preflight_stops_the_study_before_any_job(cloud, tpu_bucket, wo
     root = workdir
     profile = _test_profile(root, tpu_bucket, tmp_path)
     monkeypatch.setenv("FAKE_GCLOUD_TPU_API", "disabled")
-    done = subprocess.run(
-        [SNAKEMAKE, "--profile", str(profile), "--cores", "2", "results/smoke/runs/exp01a.json"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = _with_profile(profile, root, "results/smoke/runs/exp01a.json")
     output = done.stdout + done.stderr
     assert done.returncode != 0
     assert "gcloud services enable tpu.googleapis.com" in output and "trm preflight failed" in output
     assert not any(argv[3:4] == ["ssh"] or argv[3:4] == ["create"] for argv in gcloud_calls(cloud))
     assert not (root / "results/smoke/pool").exists() and not (root / "results/smoke/datasets").exists()
+
+
+def test_the_canary_runs_on_every_host_of_an_emulated_slice_and_prices_the_plan(
+    cloud, tpu_bucket, workdir, tmp_path, monkeypatch
+):
+    """`snakemake --profile tpu-test canary`: `trm canary` on the 2 hosts x 2 devices of one slice through the
+    tpu-vm launcher, its page printed on the controller from storage, and its step time in results/measured/."""
+    monkeypatch.setenv("FAKE_TPU_DEVICES", "2")
+    profile = tpu_test_profile(workdir, f"{tpu_bucket}/study", SLICES[:1], tmp_path / "locks")
+    started = time.time()
+    done = _with_profile(profile, workdir, "canary")
+    print(f"snakemake --profile tpu-test canary: {time.time() - started:.1f} s")
+    log = (workdir / "results/smoke/logs/canary.log").read_text()
+    assert done.returncode == 0, done.stderr[-3000:] + log[-3000:]
+    lines = done.stdout.splitlines()
+    start = lines.index("canary on 4 cpu devices (2 hosts): GO")
+    assert all(line.startswith("  ok ") for line in lines[start + 1 : start + 7])
+    assert "launch state finished" in log  # the tpu-vm launcher watched the canary's markers
+    (measured,) = (workdir / "results/measured").glob("*-4.json")
+    assert json.loads(measured.read_text())["devices"] == 4
+    assert not (workdir / "results/smoke/runs").exists()  # no study job
+    wait_until_exited(SLICES[0])

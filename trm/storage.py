@@ -352,6 +352,13 @@ def list_files(url: str) -> list[str]:
     return sorted(relative_path(root, p) for p in fs.find(root))
 
 
+def remove(url: str) -> None:
+    """Delete the file or folder (with everything below it) at `url`; nothing there is fine."""
+    fs, path = filesystem(url)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
 def list_dirs(url: str) -> list[str]:
     """Names of the folders directly below `url`, sorted; empty when nothing is there."""
     fs, root = filesystem(url)

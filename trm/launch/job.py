@@ -18,9 +18,13 @@ the results table reads too (trm/analysis/aggregate.py). A job file is canonical
   platform          what local hosts run on: cpu, gpu or auto (launch.platform; trm/platform.py)
   tpu               the tpu-vm backend's settings: the workflow's launch.tpu keys (trm/launch/tpu_options.py),
                     with the experiment's launch.per_experiment entry merged in and code_url filled in
+  kind              only in a canary's job file: "canary" (the workflow's `canary` target, trm/study/canary_job.py):
+                    every host runs `trm canary` on the config instead of training it, and run_dir is the
+                    canary's folder (its checkpoint and canary.json). A training job's file has no `kind`, so the
+                    files of existing studies (and the jobs Snakemake keys on their digests) stay as they were.
 
 The launcher writes the config into the run dir (config.json) and starts every host's trainer on that copy, with
-the hash the job carries (`Job.trainer_arguments`).
+the hash the job carries (`Job.host_arguments`).
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ KEYS = (
     "platform",
     "tpu",
 )
+# What every host of a job runs: `trm train` (no `kind` in the file) or `trm canary`.
+KINDS = ("train", "canary")
 
 
 # Only in the job file of a run whose final evaluation samples (so the others' files, and digests, are as before).
@@ -74,6 +80,12 @@ class Job:
     platform: str = "cpu"  # of the local backend's hosts (trm.platform.LOCAL_PLATFORMS)
     test_time_trajectories: tuple[int, ...] = ()
     test_time_noise: float | None = None
+    kind: str = "train"  # KINDS: the `trm` command every host runs
+
+    @property
+    def host_command(self) -> str:
+        """The `trm` command every host runs: train, or canary."""
+        return self.kind
 
     @property
     def devices(self) -> int:
@@ -98,6 +110,8 @@ class Job:
                 "test_time_trajectories": list(self.test_time_trajectories),
                 "test_time_noise": self.test_time_noise,
             }
+        if self.kind != "train":
+            record["kind"] = self.kind
         return json.dumps(record, sort_keys=True, indent=2, allow_nan=False) + "\n"
 
     def write(self, path: str) -> None:
@@ -107,8 +121,12 @@ class Job:
         if not storage.exists(path) or storage.read_text(path) != text:
             storage.write_text(path, text)  # atomic: a reader never sees half a file
 
-    def trainer_arguments(self) -> list[str]:
-        """`trm train` arguments of every host: the run dir's copy of the config, with the hash the job carries."""
+    def host_arguments(self) -> list[str]:
+        """`trm train` arguments of every host: the run dir's copy of the config, with the hash the job carries;
+        of a canary job, `trm canary`'s: that config, the data, and the canary's folder as --out."""
+        if self.kind == "canary":
+            config = layout.path(self.run.run_dir, layout.CONFIG)
+            return ["--config", config, "--data", self.run.data, "--out", self.run.run_dir]
         args = [
             "--config",
             layout.path(self.run.run_dir, layout.CONFIG),
@@ -136,9 +154,14 @@ def read_job(path: str) -> Job:
         "job file not found (the workflow writes RESULTS/SCALE/jobs/<hash>.json)",
         "rerun snakemake (not a dry run), which writes it again before its first job",
     )
-    if not isinstance(record, dict) or sorted(set(record) - set(SAMPLING_KEYS)) != sorted(KEYS):
+    if not isinstance(record, dict) or sorted(set(record) - {*SAMPLING_KEYS, "kind"}) != sorted(KEYS):
         found = sorted(record) if isinstance(record, dict) else type(record).__name__
-        raise UserError(f"{path}: a job file has the keys {', '.join(KEYS)}; found {found}")
+        raise UserError(f"{path}: a job file has the keys {', '.join(KEYS)} (and kind); found {found}")
+    job_kind = record.get("kind", "train")
+    if job_kind not in KINDS:
+        raise UserError(f"{path}: kind {job_kind!r}: one of {', '.join(KINDS)}")
+    if job_kind == "canary" and record["test_time_steps"]:
+        raise UserError(f"{path}: a canary job evaluates nothing: test_time_steps must be []")
     kinds = {"config_hash": str, "data": str, "run_dir": str, "backend": str, "tpu": dict, "hosts": int}
     kinds["devices_per_host"] = int
     words = {str: "a string", int: "an integer", dict: "a mapping"}
@@ -171,4 +194,4 @@ def read_job(path: str) -> Job:
     run = Run(config, record["config_hash"], record["data"], record["run_dir"])
     shape = record["backend"], record["hosts"], record["devices_per_host"], record["tpu"]
     sampling = tuple(trajectories), float(noise) if trajectories else None
-    return Job(run, tuple(steps), *shape, subset, record["platform"], *sampling)
+    return Job(run, tuple(steps), *shape, subset, record["platform"], *sampling, job_kind)

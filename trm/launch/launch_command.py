@@ -1,4 +1,4 @@
-"""Start `trm train` on every host of a job and wait for all of them.
+"""Start `trm train` on every host of a job and wait for all of them (of a canary's job file, `trm canary`).
 
     trm launch --job results/smoke/jobs/HASH.json [-- --log-every 10]
     trm launch --hosts 2 --devices-per-host 2 --config C --data D --run-dir R [--set K=V ...] [-- --log-every 10]
@@ -34,6 +34,7 @@ import contextlib
 import importlib
 from dataclasses import replace
 
+from trm import storage
 from trm.config import batch_split_problem
 from trm.errors import UserError, number
 from trm.launch import tpu_options
@@ -125,11 +126,16 @@ def main(args: argparse.Namespace) -> int:
         job.run.run_dir, job.run.data
     )  # before the lease: nothing written in another's run dir
     lease = Lease(job.run.run_dir, job.tpu["stale_after_seconds"], log)
-    # A finished run needs no lease: nothing trains it again.
-    with contextlib.nullcontext() if layout.finished(job.run.run_dir) else lease.held():
+    # A finished run needs no lease: nothing trains it again. A canary runs each time it is launched.
+    finished = job.kind == "train" and layout.finished(job.run.run_dir)
+    with contextlib.nullcontext() if finished else lease.held():
         layout.claim(job.run.run_dir, job.run.config, job.run.config_hash)  # what every host trains
+        if job.kind == "canary":
+            # What an earlier canary left (page, checkpoint, markers) must not pass for this one's.
+            for name in (layout.CANARY, layout.CHECKPOINTS, layout.STATUS, layout.SUCCESS, layout.LAUNCH):
+                storage.remove(layout.path(job.run.run_dir, name))
         watch_controller()  # a workflow's job: stop (as on SIGTERM) if Snakemake is killed
-        code = backend.launch(job, [*job.trainer_arguments(), *train_args], lease.lost)
+        code = backend.launch(job, [*job.host_arguments(), *train_args], lease.lost)
     return EXIT_LEASE_LOST if lease.lost.is_set() else code
 
 

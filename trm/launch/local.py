@@ -1,6 +1,6 @@
 """The local backend: a multi-host job as H processes on this machine, each with D CPU devices (or D GPUs).
 
-Each process runs `trm train <train args>` with JAX_PLATFORMS=cpu, JAX_NUM_CPU_DEVICES=D (on GPUs, with
+Each process runs `trm train <train args>` (`trm canary` of a canary job) with JAX_PLATFORMS=cpu, JAX_NUM_CPU_DEVICES=D (on GPUs, with
 `launch.platform` gpu or auto: JAX_PLATFORMS=cuda and its own D GPUs in CUDA_VISIBLE_DEVICES), malloc on huge pages
 (MALLOC_HUGE_PAGES) and, for H > 1, the coordinator 127.0.0.1:<free port>, its process id and short failure
 timeouts in TRM_* variables (see trm/run/distributed.py); H = 1 is a plain single-process run. Output is
@@ -135,11 +135,13 @@ def run_hosts(
     train_args: list[str],
     lease_lost: threading.Event | None = None,
     platform: str = "cpu",
+    trm_command: str = "train",
 ) -> int:
-    """Run `trm train train_args` on `hosts` local processes; 0 if all succeed, 42 if preempted, else a failure."""
+    """Run `trm <trm_command> train_args` on `hosts` local processes; 0 if all succeed, 42 if preempted, else a
+    failure."""
     gpus = host_gpus(platform, hosts, devices_per_host)
     port = free_port()
-    command = [sys.executable, "-m", "trm.cli", "train", *train_args]
+    command = [sys.executable, "-m", "trm.cli", trm_command, *train_args]
     environ = dict(os.environ)
     envs = [host_environment(environ, hosts, devices_per_host, index, port, gpus) for index in range(hosts)]
     return run_processes([command] * hosts, envs, lease_lost)
@@ -264,4 +266,4 @@ def check(job: Job) -> None:
 
 def launch(job: Job, train_args: list[str], lease_lost: threading.Event) -> int:
     """Entry point of the registry in trm/launch/launch_command.py."""
-    return run_hosts(job.hosts, job.devices_per_host, train_args, lease_lost, job.platform)
+    return run_hosts(job.hosts, job.devices_per_host, train_args, lease_lost, job.platform, job.host_command)

@@ -137,8 +137,10 @@ def start_script(
     coordinator: str,
     num_processes: int,
     grace_s: int,
+    command: str = "train",
 ) -> str:
-    """Clear stale TPU users and start `trm train train_args` detached (it outlives the ssh call).
+    """Clear stale TPU users and start `trm train train_args` (`trm <command>`: canary) detached (it outlives the
+    ssh call).
 
     The trainer joins the job explicitly: the coordinator (worker 0's address from the slice's describe) and the
     process count come from the launcher, the process id is the host's worker number from the metadata server.
@@ -146,7 +148,9 @@ def start_script(
     if not CONFIG_HASH.fullmatch(config_hash):
         raise UserError(f"config hash {config_hash!r} is not valid: expected {CONFIG_HASH.pattern}")
     log = f"{HOME}/logs/{config_hash}.log"
-    train = " ".join([VENV_PYTHON, "-m", "trm.cli", "train", *(_host_arg(arg) for arg in train_args)])
+    train = " ".join(
+        [VENV_PYTHON, "-m", "trm.cli", shlex.quote(command), *(_host_arg(arg) for arg in train_args)]
+    )
     # The trainer writes its own pid: after setsid it leads a process group, so the stop script gets all of it.
     inner = f"echo $$ > {PID_FILE}; exec {train}"
     return "\n".join(

@@ -1,6 +1,8 @@
 """The tpu-vm backend: one training job on all hosts of a Cloud TPU slice, babysat until it finishes.
 
-Run on the controller (the machine running Snakemake), one launcher per job, after trm/launch/launch_command.py has written
+A canary's job (trm/launch/job.py) runs the same way: its hosts run `trm canary`, which writes the markers a
+trainer does (status.json, _SUCCESS on a go; "failed" on a no-go). Run on the controller (the machine running
+Snakemake), one launcher per job, after trm/launch/launch_command.py has written
 the run's resolved config to RUN_DIR/config.json (every host trains that file, read from storage):
 
  1. Take a slice from the pool (the job file's `tpu.slices`; trm/launch/slice_pool.py): a lock file per slice on the
@@ -88,8 +90,10 @@ class Babysitter:
         slice_name: str,
         hosts: int,
         lease_lost: threading.Event,
+        command: str = "train",
     ) -> None:
         self.options = options
+        self.command = command  # the `trm` command of the hosts: train, or canary (Job.host_command)
         self.run_dir = run.run_dir
         self.config_hash = run.config_hash
         self.host_args = host_args  # `trm train` arguments: the run dir's resolved config, data, run dir, ...
@@ -152,7 +156,13 @@ class Babysitter:
         self.started = True
         coordinator, processes = self.coordinator(node)
         script = tpu_host.start_script(
-            self.config_hash, self.host_args, self.slice, coordinator, processes, o.stop_grace_seconds
+            self.config_hash,
+            self.host_args,
+            self.slice,
+            coordinator,
+            processes,
+            o.stop_grace_seconds,
+            self.command,
         )
         return "ok" if self._ssh(script, "start trm train on every host").returncode == 0 else "ssh"
 
@@ -311,7 +321,7 @@ def launch(job: Job, host_args: list[str], lease_lost: threading.Event) -> int:
         )
         with pool as name:
             log(f"slice {name} is ours for this job")
-            sitter = Babysitter(options, run, host_args, name, job.hosts, lease_lost)
+            sitter = Babysitter(options, run, host_args, name, job.hosts, lease_lost, job.host_command)
             try:
                 return sitter.run()
             except Cancelled as cancelled:

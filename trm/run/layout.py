@@ -20,6 +20,8 @@ A run dir is a local path, file:// or gs:// URL; the study names it by its confi
   kernel_check.json the fused MLP-T kernel against the plain formulation on the run's device, before its first
                     step (trm/train/kernel_check.py); only where the train step uses the kernel
   provenance.json   where imported weights came from (`trm import-torch`)
+  canary.json       in a canary's folder (a workflow's canary job: its "run dir"), the page of `trm canary` with
+                    every figure (trm/study/canary.py)
   _SUCCESS          written last: the run finished
 
 `trm summarize` reads config.json, metrics.jsonl, test_time.json and final.json of a finished run.
@@ -49,6 +51,7 @@ SAMPLED_PROGRESS = "sampled.progress.json"
 FINAL = "final.json"
 KERNEL_CHECK = "kernel_check.json"
 PROVENANCE = "provenance.json"
+CANARY = "canary.json"
 SUCCESS = "_SUCCESS"
 
 # What to do about a damaged file that only training makes: config.json (which ties the checkpoints to their

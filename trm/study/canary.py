@@ -13,10 +13,18 @@ Runs the baseline (or the given config) where the study will run it, and checks,
   checkpoint   the state written to DIR/ckpt, restored, and its parameters bit-identical to those written
   step time    the median step (after the first, which compiles), per step shape (trm/study/measured.py step_key)
 
-It prints the page and exits 0 (go) or 1 (no-go); DIR/canary.json holds every figure. With --results (the
+It prints the page and exits 0 (go) or 1 (no-go); DIR/canary.json holds every figure, and DIR holds the markers
+a trainer leaves in its run dir (status.json with a heartbeat, "failed" on a no-go; _SUCCESS on a go), which the
+tpu-vm launcher of a workflow's canary job watches. With --results (the
 workflow's results folder), a go also writes the step time where the plan reads it: RESULTS/measured/, one file
 per step program and device count, from which `snakemake -n` prices those runs' training ("measured"). Run it on every host of a
 job as `trm train` runs (the same --coordinator and --process-id options).
+
+    trm canary --report DIR [--results RESULTS]
+
+On the controller, after the hosts of a workflow's canary job (`snakemake canary`; trm/study/canary_job.py) ran it
+with --out DIR: prints the page of DIR/canary.json and exits 0 (go) or 1 (no-go, or no page: the hosts did not
+finish); a go writes its step time into RESULTS/measured/, for the config the hosts ran (DIR/config.json).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import json
 import math
 import os
 import statistics
+import threading
 import time
 from typing import NamedTuple
 
@@ -34,6 +43,7 @@ from trm import storage
 from trm.config import add_config_arguments, resolve_config_arguments
 from trm.errors import UserError, number
 from trm.run import distributed, layout
+from trm.run import state as runstate
 from trm.study.measured import measured_step_path, step_key
 
 FIRST_LAST = 5  # steps averaged at each end of the loss curve
@@ -48,12 +58,13 @@ class Check(NamedTuple):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, required=False)
     parser.add_argument(
-        "--data",
-        required=True,
-        help="the puzzles to train on: a staged dataset URL or a built dataset folder",
+        "--data", help="the puzzles to train on: a staged dataset URL or a built dataset folder (required)"
     )
+    parser.add_argument("--out", metavar="DIR", help="folder for the checkpoint and canary.json (required)")
     parser.add_argument(
-        "--out", required=True, metavar="DIR", help="folder for the checkpoint and canary.json"
+        "--report",
+        metavar="DIR",
+        help="instead of running: the page of the canary whose hosts wrote DIR (--out); see above",
     )
     parser.add_argument(
         "--steps",
@@ -72,21 +83,88 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.report:
+        if given := [f"--{k}" for k in ("data", "out", "config") if getattr(args, k) is not None]:
+            raise UserError(
+                f"{', '.join(given)}: --report reads what the canary's hosts wrote, and runs nothing"
+            )
+        return report(args.report, args.results)
+    if missing := [f"--{k}" for k in ("data", "out") if getattr(args, k) is None]:
+        raise UserError(f"no {', '.join(missing)}: trm canary --data DATA --out DIR (or --report DIR)")
     distributed.initialize(distributed.options_from_args(args))  # before anything touches a device
-    config = resolve_config_arguments(args)
-    checks, record = run_canary(config, args.data, args.out, args.steps, args.cache_dir)
-    go = all(c.passed for c in checks)
     import jax
 
-    if jax.process_index() == 0:
+    config = resolve_config_arguments(args)
+    writer = jax.process_index() == 0
+    with _Heartbeat(args.out, writer):
+        checks, record = run_canary(config, args.data, args.out, args.steps, args.cache_dir)
+    go = all(c.passed for c in checks)
+    text = page(checks, record)
+    if writer:
         if args.results and go:  # only a step that ran right prices the study
-            measured = {k: record[k] for k in ("step_s", "step_key", "devices", "device_kind", "platform")}
-            record["measured_step_file"] = measured_step_path(args.results, config, record["devices"])
-            storage.write_text(record["measured_step_file"], json.dumps(measured, indent=1) + "\n")
+            record["measured_step_file"] = write_measured(args.results, config, record)
         document = {**record, "go": go, "checks": [c._asdict() for c in checks]}
-        storage.write_text(storage.join(args.out, "canary.json"), json.dumps(document, indent=1) + "\n")
-    print(page(checks, record))
+        storage.write_text(layout.path(args.out, layout.CANARY), json.dumps(document, indent=1) + "\n")
+        if go:  # the markers a trainer leaves, which the tpu-vm launcher watches
+            runstate.write_status(args.out, {"state": "finished"})
+            storage.write_text(layout.path(args.out, layout.SUCCESS), "")
+        else:
+            runstate.write_status(args.out, {"state": "failed", "error": text.splitlines()[0]})
+    print(text)
     return 0 if go else 1
+
+
+class _Heartbeat:
+    """status.json in the canary's folder as a trainer keeps it (trm/run/state.py): "running", refreshed every
+    HEARTBEAT_S while the checks run, "failed" with the error if they raise. The tpu-vm launcher watches it (a
+    workflow's canary job); written by process 0 only."""
+
+    def __init__(self, out: str, writer: bool) -> None:
+        self.out, self.writer, self.stop = out, writer, threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True)
+
+    def _beat(self) -> None:
+        while True:
+            runstate.write_status(self.out, {"state": "running"})
+            if self.stop.wait(runstate.HEARTBEAT_S):
+                return
+
+    def __enter__(self) -> _Heartbeat:
+        if self.writer:
+            self.thread.start()
+        return self
+
+    def __exit__(self, kind, error, _traceback) -> None:
+        self.stop.set()
+        if self.writer:
+            self.thread.join()
+            if error is not None:
+                runstate.write_status(self.out, {"state": "failed", "error": str(error) or kind.__name__})
+
+
+def write_measured(results: str, config: dict, record: dict) -> str:
+    """Write the step time of a go's `record` where the plan reads it (RESULTS/measured/); returns the file."""
+    measured = {k: record[k] for k in ("step_s", "step_key", "devices", "device_kind", "platform")}
+    path = measured_step_path(results, config, record["devices"])
+    storage.write_text(path, json.dumps(measured, indent=1) + "\n")
+    return path
+
+
+def report(out: str, results: str | None) -> int:
+    """The page of the canary whose hosts wrote `out`, and on a go its step time written under `results`: 0 go,
+    1 no-go (see the module docstring)."""
+    path = layout.path(out, layout.CANARY)
+    if not storage.exists(path):
+        raise UserError(
+            f"no canary page {path}: the canary's hosts did not finish (their output: the job's log)"
+        )
+    document = storage.read_json(path, "canary page not found", "run the canary again")
+    checks = [Check(**check) for check in document["checks"]]
+    print(page(checks, document))
+    if document["go"] and results:
+        config = layout.read_config(layout.path(out, layout.CONFIG))
+        print(f"measured step time written to {write_measured(results, config, document)}")
+    return 0 if document["go"] else 1
 
 
 def page(checks: list[Check], record: dict) -> str:
@@ -107,7 +185,7 @@ def run_canary(
     """Every check of the canary on this process's devices, and the record of its figures."""
     import jax
 
-    from trm.config import batch_split_problem
+    from trm.config import batch_split_problem, config_hash
     from trm.model.config import ModelConfig
     from trm.train import kernel_check
     from trm.train.evaluate_checkpoint import load_eval_split
@@ -119,6 +197,9 @@ def run_canary(
     mesh = distributed.data_mesh()
     if problem := batch_split_problem(config["train"], mesh.size):
         raise UserError(problem)
+    # Every host runs the same config. The first collective also sets up the hosts' CPU collectives (gloo) while
+    # they are in step: set up at the first train step instead, it fails after 30 s when one host compiles slower.
+    distributed.check_hosts_agree("the canary's config", config_hash(config))
     split = load_eval_split(data, "train", cache_dir or os.path.join(out, "cache"))
     cfg = ModelConfig.from_dict(config["arch"], split.metadata)
     device = jax.local_devices()[0]
@@ -151,7 +232,22 @@ def run_canary(
             Check("kernel", True, "not used by this step (the plain formulation): nothing to check")
         )
     checks += _train_and_restore(config, cfg, split, out, steps, record, mesh)
-    return checks, record
+    return on_every_host(checks), record
+
+
+def on_every_host(checks: list[Check]) -> list[Check]:
+    """`checks` as every host found them: a check passes only where it passed on all hosts; one that passed here
+    and failed on another host names it (its figures are in that host's output). A collective: every host must
+    call it."""
+    outcomes = distributed.gather_strings("".join("1" if c.passed else "0" for c in checks))
+    merged = []
+    for i, check in enumerate(checks):
+        failed = [h for h, outcome in enumerate(outcomes) if outcome[i] == "0"]
+        if check.passed and failed:
+            where = f"; FAILED on host {', '.join(map(str, failed))} (its figures: that host's output)"
+            check = Check(check.name, False, check.figures + where)
+        merged.append(check)
+    return merged
 
 
 def _logits_check(model, batch: dict, record: dict) -> Check:

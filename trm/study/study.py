@@ -66,7 +66,7 @@ TRM = os.path.join(os.path.dirname(sys.executable), "trm")
 DEFAULT_SETTINGS = checkout_path("config/config.yaml")
 # The rules whose jobs reach `storage` or a TPU slice (workflow/rules/): only a run of one needs a real bucket and,
 # on TPU, the preflight.
-CLOUD_RULES = ("stage_dataset", "train")
+CLOUD_RULES = ("stage_dataset", "train", "canary")
 
 
 def _check_argument(value: str, key: str) -> None:
@@ -298,13 +298,13 @@ class Study:
         hosts, devices = launch["hosts"], launch["devices_per_host"]
         steps, subset = tuple(self.test_time_steps), self.test_time_subset
         job = Job(run, steps, self.backend, hosts, devices, tpu, subset, self.config["launch"]["platform"])
-        sampling = {
-            "test_time_trajectories": tuple(self.test_time_trajectories),
-            "test_time_noise": self.test_time_noise,
-        }
-        return (
-            replace(job, **sampling) if self.test_time_trajectories else job
-        )  # none: the job file of before
+        if not self.test_time_trajectories:  # no sampling: the job file as before sampling existed
+            return job
+        return replace(
+            job,
+            test_time_trajectories=tuple(self.test_time_trajectories),
+            test_time_noise=self.test_time_noise,
+        )
 
     def job_digest(self, exp_id: str) -> str:
         """A digest of the job file of an experiment's run: its train job runs again when it changes."""

@@ -28,7 +28,9 @@ def compare_logits(model: ModelTemplate, batch: dict[str, Any]) -> dict[str, Any
     """The initial weights' first-step logits for the first ROWS rows of `batch` on this process's first device
     and on its CPU: the largest difference over the CPU's largest |logit|, and the dtype's tolerance."""
     device = jax.local_devices()[0]  # this host's own: jax.devices()[0] is host 0's
-    cpu = jax.devices("cpu")[0]  # RuntimeError where JAX was started without its CPU backend
+    # This host's CPU too: jax.devices("cpu")[0] is host 0's, which another host can only reach through a
+    # collective that host 0 does not join. RuntimeError where JAX was started without its CPU backend.
+    cpu = jax.local_devices(backend="cpu")[0]
     rows = {name: np.asarray(values)[:ROWS] for name, values in batch.items()}
     weights = (model.init_params, model.init_puzzle_emb, model.init_buffers)
     on_device, on_cpu = (logits_on(model, target, weights, rows) for target in (device, cpu))

@@ -12,6 +12,7 @@ from trm.errors import UserError
 from trm.launch.local import one_thread_per_job
 from trm.study import interrupts
 from trm.study.settings import setting_source
+from trm.study.canary_job import CANARY as CANARY_RULE, CanaryJob
 from trm.study.study import DEFAULT_SETTINGS, TRM, Study
 
 
@@ -38,6 +39,7 @@ except UserError as err:
 one_thread_per_job()
 
 PLAN = study.plan
+CANARY = CanaryJob(study, TRM)  # the `canary` rule's job (workflow/rules/train.smk)
 RESULTS = study.results  # per-run files (summaries, job files, benchmarks), shared by every selection
 # The table, verdicts and plots: RESULTS for the whole study, RESULTS/selections/<name> for a selection's.
 ANALYSIS = study.analysis

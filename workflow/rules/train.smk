@@ -39,3 +39,27 @@ rule train:
         "({params.trm:q} summarize {params.run_dir:q} --test-time-steps {params.steps:q} {params.sampling:q} "
         "--output {output:q} || ({params.command:q} && {params.trm:q} summarize {params.run_dir:q} "
         "--test-time-steps {params.steps:q} {params.sampling:q} --output {output:q})) > {log:q} 2>&1"
+
+
+# Before the first `all` on new hardware: the canary (trm/study/canary_job.py, docs/tpu.md "Before `all`"), a few
+# minutes of the baseline on every host of its job, through the same launcher; no study job runs first and `all`
+# does not need it. Its page goes to the screen; a go writes its output, the measured step time the plan reads.
+#   snakemake --cores 2 canary          (again: --forcerun canary)
+rule canary:
+    input:
+        staged=CANARY.stage_receipt(),
+    output:
+        measured=CANARY.measured_file(),
+    params:
+        exp=CANARY.baseline.id,
+        job=CANARY.digest(),  # a changed job file (launch settings, storage) runs the canary again
+        command=CANARY.launch_command(),
+        report=CANARY.report_command(),
+    message:
+        "canary: the baseline ({params.exp}) on every host of its job, a few minutes"
+    log:
+        os.path.join(RESULTS, "logs", "canary.log"),
+    shell:
+        # The page comes from what the hosts wrote (the launcher clears an earlier canary's first); a launch that
+        # failed with a go page fails too.
+        "launched=0; {params.command:q} > {log:q} 2>&1 || launched=$?; {params.report:q} && exit $launched"
