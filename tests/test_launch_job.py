@@ -38,7 +38,7 @@ def test_a_job_that_samples_carries_its_trajectories_and_noise_and_one_that_does
     job = _job(tmp_path, tmp_path / "run", test_time_trajectories=(1, 4), test_time_noise=0.3)
     job.write(path)
     assert read_job(path) == job
-    assert job.trainer_arguments()[-4:] == ["--test-time-trajectories", "1,4", "--test-time-noise", "0.3"]
+    assert job.host_arguments()[-4:] == ["--test-time-trajectories", "1,4", "--test-time-noise", "0.3"]
     record = json.loads(Path(path).read_text())
     for key, value, says in (
         ("test_time_trajectories", [0], "test_time_trajectories [0]: expected a list of positive integers"),

@@ -1,18 +1,10 @@
-"""A study's planned cost: each run's estimated accelerator-hours, the dry run's summary and each job's message.
+"""A study's planned cost: each run's estimated accelerator-hours, the dry run's plan text and each job's message.
 
-A local study's runs are estimated from this machine's measured runs (trm/study/measured.py: the step time of runs
-of the same step shape, else the measured FLOP rate, and the measured start-up per job); a TPU study's at the paper
-scale from the roofline times of its compiled steps where `trm compile-check` compiled them for the slice; any
-other run from its FLOPs and batch at the assumed utilization (trm/study/estimate.py; model costs cached by config
-hash in RESULTS/.cache/model-costs.json). The summary counts only the runs left to train (a finished run, whose
-summary is in RESULTS/runs/ or whose local run dir holds _SUCCESS, costs nothing), and a local study's compares the
-estimate with the last table's measured wall time.
-
-A step's compiled figures are DIR/<accelerator>/<step hash>.json, looked up first in this machine's compiles
-(DIR = RESULTS/compile, the workflow's compile_check target, workflow/rules/compile.smk), then in the
-repository's (DIR = config/compiled, refreshed by the compiled_figures target). The step hash covers the step's
-config and source code (trm/launch/accelerators.py), so a figure of other code or config is not found: that run is
-planned at the assumed utilization, and the plan says which runs are.
+A run is estimated from this machine's measured runs (trm/study/measured.py: same step shape, else the measured
+FLOP rate; a canary's measured step), else from its compiled steps' roofline (DIR/<accelerator>/<step hash>.json in
+RESULTS/compile, then config/compiled; the step hash covers config and source, trm/launch/accelerators.py), else
+from its FLOPs at the assumed utilization (trm/study/estimate.py), and the plan says which. Only runs left to train
+are counted; a local study's plan compares the estimate with the last table's measured wall time.
 """
 
 from __future__ import annotations

@@ -300,11 +300,8 @@ class Study:
         job = Job(run, steps, self.backend, hosts, devices, tpu, subset, self.config["launch"]["platform"])
         if not self.test_time_trajectories:  # no sampling: the job file as before sampling existed
             return job
-        return replace(
-            job,
-            test_time_trajectories=tuple(self.test_time_trajectories),
-            test_time_noise=self.test_time_noise,
-        )
+        sampling = tuple(self.test_time_trajectories), self.test_time_noise
+        return replace(job, test_time_trajectories=sampling[0], test_time_noise=sampling[1])
 
     def job_digest(self, exp_id: str) -> str:
         """A digest of the job file of an experiment's run: its train job runs again when it changes."""
