@@ -15,7 +15,7 @@ import pytest
 from workflow_support import groups_file, runs_table
 
 from trm.analysis import verdicts
-from trm.analysis.aggregate import CURVE_COLUMNS, RUN_TABLE_COLUMNS, TEST_TIME_COLUMNS
+from trm.analysis.aggregate import CURVE_COLUMNS, RUN_TABLE_COLUMNS, SAMPLED_COLUMNS, TEST_TIME_COLUMNS
 from trm.analysis.uncertainty import (
     FLOOR_AND_SAMPLING,
     INCONCLUSIVE,
@@ -350,9 +350,18 @@ def test_plot_group_refuses_missing_malformed_or_foreign_tables_and_groups(tmp_p
 
     assert "none.csv: missing; `trm aggregate` writes it" in refused(tmp_path / "none", GROUPS_PATH)
     good = tmp_path / "good"
-    headers = {"": RUN_TABLE_COLUMNS, "-curves": CURVE_COLUMNS, "-test-time": TEST_TIME_COLUMNS}
+    headers = {
+        "": RUN_TABLE_COLUMNS,
+        "-curves": CURVE_COLUMNS,
+        "-test-time": TEST_TIME_COLUMNS,
+        "-sampled": SAMPLED_COLUMNS,
+    }
     for suffix, columns in headers.items():
         Path(f"{good}{suffix}.csv").write_text(",".join(columns) + "\n")
+    # Each of the four tables is read; one missing is named, with the command that writes it.
+    Path(f"{good}-sampled.csv").rename(tmp_path / "kept.csv")
+    assert "good-sampled.csv: missing; `trm aggregate` writes it" in refused(good, GROUPS_PATH)
+    (tmp_path / "kept.csv").rename(f"{good}-sampled.csv")
     (tmp_path / "foreign.csv").write_text("a,b\n1,2\n")
     assert "foreign.csv: no column id, group, baseline, varied" in refused(tmp_path / "foreign", GROUPS_PATH)
     # A hand-edited table that lost a column the plots read is refused naming it, before anything is drawn.
