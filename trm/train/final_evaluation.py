@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Callable, Sequence
 
 import jax
@@ -29,7 +28,7 @@ from trm.train.evaluator import Evaluator
 from trm.train.sampled import SampledEvaluator, SampledTally, describe, evaluate_sampled
 from trm.train.sampling import Sampling
 from trm.train.test_time import (
-    PROGRESS_EVERY_S,
+    SavedProgress,
     curve_rows,
     read_or_redo,
     rows_record,
@@ -181,23 +180,10 @@ def _sampled_pass(
     distributed.check_hosts_agree(f"where the evaluation in {url} continues", f"batch {tally.batches}")
     if tally.batches:
         print(f"sampled evaluation continues after batch {tally.batches}", file=sys.stderr)
-    saved_batches, last_write = tally.batches, time.time()
-
-    def save_progress() -> None:
-        storage.write_text(url, json.dumps({"key": key, "tally": tally.to_record()}))
-
-    def after_batch(tally: SampledTally) -> bool:
-        nonlocal last_write
-        stopping = stop(tally.batches)  # a collective on several hosts: every process calls it
-        heartbeat()
-        if writer and (stopping or time.time() - last_write >= PROGRESS_EVERY_S):
-            save_progress()
-            last_write = time.time()
-        return stopping
-
+    progress = SavedProgress(url, key, tally, writer, stop, heartbeat)
     records = evaluate_sampled(
-        sampled, weights, split, key["batch_size"], tally=tally, after_batch=after_batch
+        sampled, weights, split, key["batch_size"], tally=tally, after_batch=progress.after_batch
     )
-    if records is not None and writer and tally.batches > saved_batches:
-        save_progress()  # first: a failed write of the results then costs no evaluation again
+    if records is not None:
+        progress.finish()
     return records

@@ -225,6 +225,42 @@ def _result_rows(count: int, headline: int | None, curve: Rows) -> Rows:
     return None if count == headline else curve
 
 
+class SavedProgress:
+    """A resumable pass's tally, written with its key to `url` by the writer process: every PROGRESS_EVERY_S
+    seconds, when the job is stopped, and at the end (before the results, so a failed write of those costs no
+    evaluation again). Shared by the test-time curve and the sampled recursion (trm/train/final_evaluation.py)."""
+
+    def __init__(
+        self,
+        url: str,
+        key: dict,
+        tally,
+        writer: bool,
+        stop: Callable[[int], bool],
+        heartbeat: Callable[[], None],
+    ) -> None:
+        self.url, self.key, self.tally, self.writer = url, key, tally, writer
+        self.stop, self.heartbeat = stop, heartbeat
+        self.saved_batches, self.last_write = tally.batches, time.time()
+
+    def save(self) -> None:
+        storage.write_text(self.url, json.dumps({"key": self.key, "tally": self.tally.to_record()}))
+        self.last_write = time.time()
+
+    def after_batch(self, tally) -> bool:
+        """The evaluation's per-batch callback: True when the job is stopping (its progress then saved)."""
+        stopping = self.stop(tally.batches)  # a collective on several hosts: every process calls it
+        self.heartbeat()
+        if self.writer and (stopping or time.time() - self.last_write >= PROGRESS_EVERY_S):
+            self.save()
+        return stopping
+
+    def finish(self) -> None:
+        """After a completed pass: save what this process evaluated beyond the saved tally."""
+        if self.writer and self.tally.batches > self.saved_batches:
+            self.save()
+
+
 def _evaluate_pass(
     evaluator: Evaluator,
     weights: tuple,
@@ -237,22 +273,9 @@ def _evaluate_pass(
 ) -> list[dict] | None:
     """One pass over `split` at key["counts"], continuing a saved tally with the same key; None when stopped."""
     tally = _saved_tally(run_dir, key)
-    saved_batches = tally.batches
-    progress_url = layout.path(run_dir, layout.TEST_TIME_PROGRESS)
-    last_write = time.time()
-
-    def save_progress() -> None:
-        storage.write_text(progress_url, json.dumps({"key": key, "tally": tally.to_record()}))
-
-    def after_batch(tally: Tally) -> bool:
-        nonlocal last_write
-        stopping = stop(tally.batches)  # a collective on several hosts: every process calls it
-        heartbeat()
-        if writer and (stopping or time.time() - last_write >= PROGRESS_EVERY_S):
-            save_progress()
-            last_write = time.time()
-        return stopping
-
+    progress = SavedProgress(
+        layout.path(run_dir, layout.TEST_TIME_PROGRESS), key, tally, writer, stop, heartbeat
+    )
     if tally.batches:
         print(f"test-time evaluation continues after batch {tally.batches}", file=sys.stderr)
     where = "the whole test split" if key["rows"]["subset_size"] is None else f"{_groups(split)} test groups"
@@ -266,10 +289,10 @@ def _evaluate_pass(
         key["batch_size"],
         progress=True,
         tally=tally,
-        after_batch=after_batch,
+        after_batch=progress.after_batch,
     )
-    if results is not None and writer and tally.batches > saved_batches:
-        save_progress()  # first: a failed write of the results then costs no evaluation again
+    if results is not None:
+        progress.finish()
     return results
 
 
