@@ -14,6 +14,7 @@ from trm.analysis.aggregate import RUN_TABLE_COLUMNS, repair_summaries
 from trm.analysis.judge import SUMMARY_FIELDS
 from trm.analysis.uncertainty import NO_INTERVAL, SAMPLING_ONLY, wilson_interval
 from trm.cli import main as trm_main
+from trm.study.estimate import evaluation_flops, model_costs, training_flops
 from trm.study.groups import GROUPS_PATH
 from trm.study.metrics import CURVE_METRICS, RUN_METRICS, SAMPLED_METRICS, SUMMARY_METRICS, TEST_TIME_METRICS
 from trm.study.plan import plan_study
@@ -172,3 +173,25 @@ def test_a_collected_runs_cost_is_the_runs_own_not_the_collecting_jobs(results):
     table = pd.read_csv(results / "t.csv")
     assert table.loc[0, "wall_time_s"] == 60.5
     assert table.loc[0, "accelerator_hours"] == pytest.approx(60.5 * 2 / 3600)  # 2 devices
+
+
+def test_a_runs_flops_count_its_test_time_passes_on_the_puzzles_they_scored(results):
+    """The test-time curve and the sampled recursion of exp01a scored 8 of the 16 test puzzles (the workflow's
+    test_time_subset): its run_flops count the headline on the whole split and those passes on the 8, as the plan
+    prices them; before, every pass was counted on the whole split."""
+    assert aggregate(results, results / "whole") == 0
+    path = results / "runs/exp01a.json"
+    summary = json.loads(path.read_text())
+    for record in (*summary["test_time"], *summary["sampled"]):
+        record["count"] = 8
+    path.write_text(json.dumps(summary))
+    assert aggregate(results, results / "subset") == 0
+    whole, subset = (pd.read_csv(results / f"{name}.csv").set_index("run") for name in ("whole", "subset"))
+    config = plan_study("smoke", ["exp01a"])[0].config
+    costs = model_costs(config)
+    on_subset = training_flops(config, costs) + evaluation_flops(config, costs, 16, [16], 2, 8, [1, 4])
+    assert subset.loc["exp01a", "run_flops"] == pytest.approx(on_subset, rel=1e-12)
+    assert subset.loc["exp01a", "run_flops"] < whole.loc["exp01a", "run_flops"]
+    assert (
+        subset.loc["exp01c", "run_flops"] == whole.loc["exp01c", "run_flops"]
+    )  # its own summary is unchanged

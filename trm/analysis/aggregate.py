@@ -105,6 +105,14 @@ def repair_summaries(paths: list[str], dry_run: bool) -> list[str]:
     return lines
 
 
+def _curve_subset(summary: dict, test_puzzles: int) -> int | None:
+    """The puzzles the run's test-time curve (and its sampled recursion) scored, as its summary records them, where
+    that is a subset of the split; None where the final evaluation scored them on the whole split."""
+    counts = [r["count"] for r in (*summary["test_time"], *summary.get("sampled", []))]
+    smallest = min(counts, default=test_puzzles)
+    return int(smallest) if smallest < test_puzzles else None
+
+
 def _config_of(results: Path, config_hash: str) -> dict:
     """The resolved config of the run `config_hash` names: its job file's, where the workflow wrote it."""
     path = job_path(str(results), config_hash)
@@ -158,7 +166,13 @@ def aggregate(
         evaluated_steps = [result["steps"] for result in summary["test_time"]]
         trajectories = sorted({r["trajectories"] for r in summary.get("sampled", [])})
         flops = training_flops(config, costs) + evaluation_flops(
-            config, costs, test_puzzles, evaluated_steps, summary["devices"], trajectories=trajectories
+            config,
+            costs,
+            test_puzzles,
+            evaluated_steps,
+            summary["devices"],
+            _curve_subset(summary, test_puzzles),
+            trajectories,
         )
         arch = config["arch"]
         computed = {  # the table's own metrics (RUN_METRICS with source "table"); the rest are the summary's
