@@ -277,3 +277,14 @@ def test_stock_image_hosts_get_a_python_311_venv_once_per_slice_and_wheel(
     again = _ssh(setup)
     print(f"stock-image set-up on 2 hosts: first {first_s:.1f} s, reused {time.time() - started:.1f} s")
     assert again.stdout.count("set-up current") == 2
+
+
+def test_a_digest_of_digits_with_a_leading_zero_names_the_wheel_pip_writes(tmp_path):
+    """The case met in a test run: the sources' digest was 054675262871, pip named the wheel with 54675262871 (PEP
+    440's normal form) and the launcher, looking for the name it had made, failed every TPU job."""
+    version = "0.1.0+" + wheel.normal_local("git.0123456789ab.src.054675262871")
+    assert version == "0.1.0+git.0123456789ab.src.54675262871"
+    assert wheel.build(version, tmp_path).name == wheel.wheel_name(version)
+    assert wheel.code_wheel_version() == "0.1.0+" + wheel.normal_local(
+        wheel.code_wheel_version().split("+")[1]
+    )
