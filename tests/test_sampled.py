@@ -10,11 +10,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tiny_run import TRAINED
+from workflow_support import study
 
 from trm.analysis.summary import summarize
 from trm.cli import main as trm
 from trm.errors import UserError
-from trm.study.estimate import describe_evaluation, evaluation_flops, evaluation_passes
+from trm.study.estimate import (
+    accelerator_hours,
+    describe_evaluation,
+    evaluation_flops,
+    evaluation_passes,
+    model_costs,
+)
+from trm.study.scale import SMOKE
 from trm.train.evaluate_checkpoint import load_eval_split
 from trm.train.evaluator import Evaluator, evaluate
 from trm.train.final_evaluation import run_final_evaluation
@@ -256,3 +264,36 @@ def test_trm_evaluate_samples_and_refuses_bad_settings_in_one_line(trained, tmp_
         assert trm([*args, "--trajectories", "2", bad]) == 2
         err = capsys.readouterr().err
         assert named in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2
+
+
+def test_the_plan_prices_the_scales_sampled_grid_or_what_one_would_add(tmp_path):
+    """The plan's `sampled:` line: at a scale that samples (smoke, K = 4), what its grid costs of the evaluation;
+    where a scale samples none (the paper's default), what K = 4 and 16 would add, priced where there is a price."""
+    one = {"experiments": ["exp06_c"], "replicates": {"smoke": {"baseline": 1}}}
+    sampling = study(tmp_path / "k4", one)
+    none = study(
+        tmp_path / "none",
+        {**one, "test_time_trajectories": {"smoke": []}, "accelerator": {"price_per_hour": 2.0}},
+    )
+    config = sampling.plan["exp06_c"].config
+    costs, accelerator = model_costs(config), sampling.config["accelerator"]
+    curve = (SMOKE.test_puzzles, sampling.test_time_steps, 1, sampling.test_time_subset)
+
+    def added(grid: tuple[int, ...]) -> float:  # device-hours at the assumed FLOP rate
+        flops = evaluation_flops(config, costs, *curve, grid) - evaluation_flops(config, costs, *curve)
+        return accelerator_hours(flops, accelerator["peak_flops"], accelerator["utilization"])
+
+    assert sampling.costs.sampled_hours["exp06_c"] == pytest.approx(added((4,)))
+    evaluation = sampling.costs.hours["exp06_c"]["evaluation"]
+    assert none.costs.hours["exp06_c"]["evaluation"] == pytest.approx(evaluation - added((4,)))
+    what = "trajectories per puzzle to 32 steps on 64 test puzzles"
+    (line,) = [line for line in sampling.costs.plan_text().splitlines() if line.startswith("  sampled:")]
+    assert line == (
+        f"  sampled:    K = 4 {what}: {added((4,)):.4g} CPU core-hours of the evaluation "
+        "(test_time_trajectories.smoke)"
+    )
+    (line,) = [line for line in none.costs.plan_text().splitlines() if line.startswith("  sampled:")]
+    assert line == (
+        f"  sampled:    none (test_time_trajectories.smoke: []); K = 4 and 16 {what} would add "
+        f"{added((4, 16)):.4g} CPU core-hours (${added((4, 16)) * 2:,.0f}) to the evaluation"
+    )

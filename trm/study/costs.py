@@ -14,7 +14,6 @@ import functools
 import glob
 import os
 import shutil
-from typing import Protocol
 
 from trm.checkout import checkout_path
 from trm.config import experiment_path, load_config
@@ -34,41 +33,18 @@ from trm.study.estimate import (
     training_steps,
 )
 from trm.study.measured import Measurements, finished_runs, measured_step_s, step_key
-from trm.study.plan import PlannedRun, experiment_of
+from trm.study.plan import PlannedRun, PlannedStudy, experiment_of
 
 # The compiled figures kept in the repository (the plan of a fresh clone, which has compiled nothing, uses them).
 COMPILED_FIGURES = checkout_path("config/compiled")
+# The sampled recursion's K the plan prices for a scale that samples none (test_time_trajectories: []), so that a
+# user sees what it would add before setting it (docs/fidelity.md, "Sampled test-time recursion").
+OFFERED_TRAJECTORIES = (4, 16)
 MAX_NAMED = 6  # runs without compiled figures named in the plan's figures line (more are counted)
 
 
 # How a run was estimated (Costs.source).
 COMPILED, SAME_STEP, MEASURED_RATE, ASSUMED = "compiled", "same step", "measured rate", "assumed"
-
-
-class PlannedStudy(Protocol):
-    """What the costs read of a study (trm/study/study.py's Study, which builds its Costs): its settings, plan and
-    results folder, and each job's shape. Declared here, so that this module does not import the Study."""
-
-    config: dict
-    scale: str
-    backend: str
-    results: str
-    experiments_dir: str
-    compiled_dir: str
-    plan: dict[str, PlannedRun]
-    floor_only: list[str]
-    references: list[str]
-    selected_groups: list[str]
-    datasets: list[str]
-    test_puzzles: int
-    test_time_steps: list[int]
-    test_time_subset: int | None
-
-    def distinct_runs(self) -> list[str]: ...
-    def first_with_same_run(self, exp_id: str) -> str: ...
-    def job_launch(self, exp_id: str | None) -> dict: ...
-    def job_devices(self, exp_id: str | None) -> int: ...
-    def run_url(self, exp_id: str) -> str: ...
 
 
 class Costs:
@@ -83,6 +59,8 @@ class Costs:
         self.test_puzzles = study.test_puzzles
         self.hours: dict[str, dict[str, float]] = {}
         self.source: dict[str, str] = {}
+        # Of the evaluation hours, the sampled recursion's (where the scale samples none: OFFERED_TRAJECTORIES').
+        self.sampled_hours: dict[str, float] = {}
         # Experiments estimated from their compiled steps -> the file of the figures used.
         self.compiled: dict[str, str] = {}
         # A local study's measured runs (the local backend runs on this machine; TPU jobs do not).
@@ -90,68 +68,28 @@ class Costs:
         # Each run's MLP-T path in its train step (None without MLP-T); a `fused` that cannot be is an error now.
         self.mlp_t: dict[str, str | None] = {exp.id: self._mlp_t_path(exp) for exp in study.plan.values()}
         # Kept in memory while planning; written by `save_cache` once jobs will run (a dry run writes nothing).
-        cache = self._cache = CostCache(os.path.join(config["results"], ".cache", "model-costs.json"))
+        self._cache = CostCache(os.path.join(config["results"], ".cache", "model-costs.json"))
         for exp in study.plan.values():
             if exp.replicate and exp.experiment in self.hours:  # the seed changes no cost: its experiment's
                 self.hours[exp.id], self.source[exp.id] = (
                     self.hours[exp.experiment],
                     self.source[exp.experiment],
                 )
+                self.sampled_hours[exp.id] = self.sampled_hours[exp.experiment]
                 if exp.experiment in self.compiled:
                     self.compiled[exp.id] = self.compiled[exp.experiment]
                 continue
             devices = study.job_devices(exp.id)
-            if found := self._compiled_seconds(exp):
-                seconds, self.compiled[exp.id] = found
-                self.source[exp.id] = COMPILED
-                self.hours[exp.id] = compiled_run_hours(
-                    exp.config,
-                    seconds,
-                    devices,
-                    self.test_puzzles,
-                    study.test_time_steps,
-                    study.test_time_subset,
-                    study.test_time_trajectories,
-                )
-                continue
-            costs = cache.costs(exp.hash, exp.config)
-            flops = {
-                "training": training_flops(exp.config, costs),
-                "evaluation": evaluation_flops(
-                    exp.config,
-                    costs,
-                    self.test_puzzles,
-                    study.test_time_steps,
-                    devices,
-                    study.test_time_subset,
-                    study.test_time_trajectories,
-                ),
-            }
-            if self.measured:
-                key = step_key(exp.config, devices)
-                steps = training_steps(exp.config)
-                seconds = self.measured.seconds(key, devices, steps, flops["training"], flops["evaluation"])
-                self.hours[exp.id] = {part: s * devices / 3600 for part, s in seconds.items()}
-                self.source[exp.id] = SAME_STEP if self.measured.same_shape(key) else MEASURED_RATE
-                continue
-            peak, utilization = self.accelerator["peak_flops"], self.accelerator["utilization"]
-            steps = {
-                "training": training_steps(exp.config),
-                "evaluation": evaluation_batch_steps(
-                    exp.config,
-                    self.test_puzzles,
-                    study.test_time_steps,
-                    devices,
-                    study.test_time_subset,
-                    study.test_time_trajectories,
-                ),
-            }
-            floor = self.accelerator.get("step_floor_s")
-            self.hours[exp.id] = {
-                k: accelerator_hours(v, peak, utilization, steps[k] * devices, floor)
-                for k, v in flops.items()
-            }
-            self.source[exp.id] = ASSUMED
+            self.hours[exp.id], self.source[exp.id], compiled = self._estimate(
+                exp, devices, study.test_time_trajectories
+            )
+            if compiled:
+                self.compiled[exp.id] = compiled
+            # What the sampled recursion adds to the evaluation: this scale's grid's, or the one the plan offers.
+            sampled = self.hours[exp.id]["evaluation"]
+            if not study.test_time_trajectories:
+                sampled = self._estimate(exp, devices, OFFERED_TRAJECTORIES)[0]["evaluation"]
+            self.sampled_hours[exp.id] = sampled - self._estimate(exp, devices, ())[0]["evaluation"]
         # Training at the step time `trm canary` measured for a run's step on its job's devices, where it did.
         self.canary: dict[str, str] = {}
         for exp in study.plan.values():
@@ -163,6 +101,40 @@ class Costs:
         self.finished = finished_runs(
             study.results, {exp.hash: study.run_url(exp.id) for exp in study.plan.values()}
         )
+
+    def _estimate(self, exp: PlannedRun, devices: int, trajectories) -> tuple[dict, str, str | None]:
+        """A run's hours by part, how they were estimated, and the compiled figures' file used (or None), with
+        `trajectories` as its sampled recursion."""
+        study = self.study
+        curve = (study.test_time_steps, devices, study.test_time_subset, trajectories)
+        if found := self._compiled_seconds(exp):
+            seconds, path = found
+            subset = study.test_time_subset
+            hours = compiled_run_hours(
+                exp.config, seconds, devices, self.test_puzzles, study.test_time_steps, subset, trajectories
+            )
+            return hours, COMPILED, path
+        costs = self._cache.costs(exp.hash, exp.config)
+        flops = {
+            "training": training_flops(exp.config, costs),
+            "evaluation": evaluation_flops(exp.config, costs, self.test_puzzles, *curve),
+        }
+        if self.measured:
+            key = step_key(exp.config, devices)
+            steps = training_steps(exp.config)
+            seconds = self.measured.seconds(key, devices, steps, flops["training"], flops["evaluation"])
+            source = SAME_STEP if self.measured.same_shape(key) else MEASURED_RATE
+            return {part: s * devices / 3600 for part, s in seconds.items()}, source, None
+        peak, utilization = self.accelerator["peak_flops"], self.accelerator["utilization"]
+        steps = {
+            "training": training_steps(exp.config),
+            "evaluation": evaluation_batch_steps(exp.config, self.test_puzzles, *curve),
+        }
+        floor = self.accelerator.get("step_floor_s")
+        hours = {
+            k: accelerator_hours(v, peak, utilization, steps[k] * devices, floor) for k, v in flops.items()
+        }
+        return hours, ASSUMED, None
 
     def _mlp_t_path(self, exp) -> str | None:
         study = self.study
@@ -276,6 +248,7 @@ class Costs:
         lines = [f"{head}; estimated {self._source_text(todo)}:" if todo else f"{head}: nothing to train"]
         if todo:
             lines += self._hours_lines(todo)
+            lines.append(self._sampled_line(todo))
             if figures := self._figures_line(todo):
                 lines.append(figures)
             if canary := [first for first in todo if first in self.canary]:
@@ -328,6 +301,21 @@ class Costs:
                 f"{self.device_hours} of training and evaluation ({wall:.4g} h of jobs {shapes})"
             )
         return lines
+
+    def _sampled_line(self, runs: list[str]) -> str:
+        """What the sampled recursion costs of the runs' evaluation, or would add to it where the scale samples none,
+        priced where the accelerator has a price."""
+        study = self.study
+        hours = sum(self.sampled_hours[first] for first in runs)
+        puzzles = min(study.test_time_subset or self.test_puzzles, self.test_puzzles)
+        grid = " and ".join(map(str, study.test_time_trajectories or OFFERED_TRAJECTORIES))
+        what = f"K = {grid} trajectories per puzzle to {max(study.test_time_steps)} steps on {puzzles:,} test puzzles"
+        setting = f"test_time_trajectories.{study.scale}"
+        price = self.accelerator.get("price_per_hour")
+        cost = f"{hours:.4g} {self.device_hours}" + (f" (${hours * price:,.0f})" if price is not None else "")
+        if study.test_time_trajectories:
+            return f"  {'sampled:':<12}{what}: {cost} of the evaluation ({setting})"
+        return f"  {'sampled:':<12}none ({setting}: []); {what} would add {cost} to the evaluation"
 
     def _figures_line(self, runs: list[str]) -> str | None:
         """Where a TPU study's compiled figures come from (the folders, runs from each), and which runs have none

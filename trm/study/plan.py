@@ -18,6 +18,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from trm import storage
 from trm.config import (
@@ -206,3 +207,29 @@ def check_batches(plan: list[PlannedRun], devices: int, where: str) -> None:
     lines = [f"{exp.path}: {problem} ({where})" for exp, problem in problems[:3]]
     more = f" (and {len(problems) - 3} more experiments)" if len(problems) > 3 else ""
     raise UserError("; ".join(lines) + more + ": choose a batch that divides, or another device count")
+
+
+class PlannedStudy(Protocol):
+    """What the costs read of a study (trm/study/study.py's Study, which builds its Costs): its settings, plan and
+    results folder, and each job's shape. Declared here, so that the costs (trm/study/costs.py) need not import the Study."""
+
+    config: dict
+    scale: str
+    backend: str
+    results: str
+    experiments_dir: str
+    compiled_dir: str
+    plan: dict[str, PlannedRun]
+    floor_only: list[str]
+    references: list[str]
+    selected_groups: list[str]
+    datasets: list[str]
+    test_puzzles: int
+    test_time_steps: list[int]
+    test_time_subset: int | None
+
+    def distinct_runs(self) -> list[str]: ...
+    def first_with_same_run(self, exp_id: str) -> str: ...
+    def job_launch(self, exp_id: str | None) -> dict: ...
+    def job_devices(self, exp_id: str | None) -> int: ...
+    def run_url(self, exp_id: str) -> str: ...
