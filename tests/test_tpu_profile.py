@@ -206,6 +206,7 @@ def test_the_canary_runs_on_every_host_of_an_emulated_slice_and_prices_the_plan(
     assert done.returncode == 0, done.stderr[-3000:] + log[-3000:]
     lines = done.stdout.splitlines()
     start = lines.index("canary on 4 cpu devices (2 hosts): GO")
+    print("\n".join(lines[start : start + 7]))  # the page, for the record (pytest -s)
     assert all(line.startswith("  ok ") for line in lines[start + 1 : start + 7])
     assert "launch state finished" in log  # the tpu-vm launcher watched the canary's markers
     (measured,) = (workdir / "results/measured").glob("*-4.json")
