@@ -71,7 +71,8 @@ def test_the_plan_prices_replicates_on_their_own_line(tmp_path):
     planned = study(tmp_path, {"groups": ["exp06"], "accelerator": {"price_per_hour": 2.0}})
     costs, baseline = planned.costs, planned.plan["exp06_c"]
     assert baseline.id == "exp06_c" and costs.hours["exp06_c~s1"] == costs.hours["exp06_c"]
-    header, training, evaluation, replicates, price = costs.plan_text().splitlines()
+    header, training, evaluation, replicates, sampled, price = costs.plan_text().splitlines()
+    assert sampled.startswith("  sampled:    K = 4 trajectories per puzzle")  # tests/test_sampled.py
     assert header.startswith(
         "TRM study, scale smoke: 6 experiments in 1 groups and 1 reference, 1 datasets, 9 "
     )
