@@ -227,6 +227,7 @@ class PlannedStudy(Protocol):
     test_puzzles: int
     test_time_steps: list[int]
     test_time_subset: int | None
+    test_time_trajectories: list[int]
 
     def distinct_runs(self) -> list[str]: ...
     def first_with_same_run(self, exp_id: str) -> str: ...
