@@ -80,16 +80,17 @@ class Costs:
                     self.compiled[exp.id] = self.compiled[exp.experiment]
                 continue
             devices = study.job_devices(exp.id)
-            self.hours[exp.id], self.source[exp.id], compiled = self._estimate(
-                exp, devices, study.test_time_trajectories
+            found = self._compiled_seconds(exp)  # read once: each grid below is priced from the same figures
+            self.hours[exp.id], self.source[exp.id] = self._estimate(
+                exp, devices, study.test_time_trajectories, found
             )
-            if compiled:
-                self.compiled[exp.id] = compiled
+            if found:
+                self.compiled[exp.id] = found[1]
             # What the sampled recursion adds to the evaluation: this scale's grid's, or the one the plan offers.
             sampled = self.hours[exp.id]["evaluation"]
             if not study.test_time_trajectories:
-                sampled = self._estimate(exp, devices, OFFERED_TRAJECTORIES)[0]["evaluation"]
-            self.sampled_hours[exp.id] = sampled - self._estimate(exp, devices, ())[0]["evaluation"]
+                sampled = self._estimate(exp, devices, OFFERED_TRAJECTORIES, found)[0]["evaluation"]
+            self.sampled_hours[exp.id] = sampled - self._estimate(exp, devices, (), found)[0]["evaluation"]
         # Training at the step time `trm canary` measured for a run's step on its job's devices, where it did.
         self.canary: dict[str, str] = {}
         for exp in study.plan.values():
@@ -102,18 +103,24 @@ class Costs:
             study.results, {exp.hash: study.run_url(exp.id) for exp in study.plan.values()}
         )
 
-    def _estimate(self, exp: PlannedRun, devices: int, trajectories) -> tuple[dict, str, str | None]:
-        """A run's hours by part, how they were estimated, and the compiled figures' file used (or None), with
-        `trajectories` as its sampled recursion."""
+    def _estimate(
+        self, exp: PlannedRun, devices: int, trajectories, found: tuple[dict, str] | None
+    ) -> tuple[dict, str]:
+        """A run's hours by part and how they were estimated, with `trajectories` as its sampled recursion, from
+        its compiled step figures `found` (`_compiled_seconds`) where there are some."""
         study = self.study
         curve = (study.test_time_steps, devices, study.test_time_subset, trajectories)
-        if found := self._compiled_seconds(exp):
-            seconds, path = found
-            subset = study.test_time_subset
+        if found:
             hours = compiled_run_hours(
-                exp.config, seconds, devices, self.test_puzzles, study.test_time_steps, subset, trajectories
+                exp.config,
+                found[0],
+                devices,
+                self.test_puzzles,
+                study.test_time_steps,
+                study.test_time_subset,
+                trajectories,
             )
-            return hours, COMPILED, path
+            return hours, COMPILED
         costs = self._cache.costs(exp.hash, exp.config)
         flops = {
             "training": training_flops(exp.config, costs),
@@ -124,7 +131,7 @@ class Costs:
             steps = training_steps(exp.config)
             seconds = self.measured.seconds(key, devices, steps, flops["training"], flops["evaluation"])
             source = SAME_STEP if self.measured.same_shape(key) else MEASURED_RATE
-            return {part: s * devices / 3600 for part, s in seconds.items()}, source, None
+            return {part: s * devices / 3600 for part, s in seconds.items()}, source
         peak, utilization = self.accelerator["peak_flops"], self.accelerator["utilization"]
         steps = {
             "training": training_steps(exp.config),
@@ -134,7 +141,7 @@ class Costs:
         hours = {
             k: accelerator_hours(v, peak, utilization, steps[k] * devices, floor) for k, v in flops.items()
         }
-        return hours, ASSUMED, None
+        return hours, ASSUMED
 
     def _mlp_t_path(self, exp) -> str | None:
         study = self.study
