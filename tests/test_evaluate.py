@@ -56,6 +56,24 @@ def test_multi_count_pass_equals_separate_runs_and_the_trainers_evaluation(train
         assert 0 <= record["halted_fraction"] <= 1
 
 
+def test_the_trainer_and_trm_evaluate_evaluate_in_batches_of_the_runs_eval_batch_size(easy_data, tmp_path):
+    # train.eval_batch_size 4 against a training batch of 8: 12 test puzzles in 3 batches, not 2 of 8.
+    run, cache = tmp_path / "run", tmp_path / "cache"
+    flags = set_flags({**TRAINED, "train.epochs": 1, "train.eval_interval": 1, "train.eval_batch_size": 4})
+    args = ["train", "--config", str(REPO / "config/base.yaml"), "--data", easy_data, "--run-dir", str(run)]
+    assert trm([*args, "--cache-dir", str(cache), *flags]) == 0
+    final = json.loads((run / "final.json").read_text())["test"]
+    weights = load_weights(str(run))
+    split = load_eval_split(easy_data, "test", str(cache))
+    assert _evaluate(weights, split, (2,), batch_size=4) == [final]  # bit for bit: the same program and rows
+    # `trm evaluate` reads the run's eval batch, so that its figures are the trainer's.
+    out = tmp_path / "evaluate.json"
+    evaluate_args = ["evaluate", "--checkpoint", str(run), "--data", easy_data, "--steps", "2"]
+    assert trm([*evaluate_args, "--cache-dir", str(cache), "--out", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["batch_size"] == 4 and summary["results"] == [final]
+
+
 def test_a_stopped_final_evaluation_continues_where_it_stopped(trained, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(trained["run"], run)
@@ -191,6 +209,19 @@ def test_same_results_on_one_and_two_devices(trained, tmp_path):
             k: v for k, v in b.items() if "loss" not in k
         }
         assert (a["lm_loss"], a["q_halt_loss"]) == pytest.approx((b["lm_loss"], b["q_halt_loss"]), rel=1e-6)
+
+
+def test_llvms_expensive_passes_change_no_figure(trained, tmp_path):
+    # The suite (tests/conftest.py) and the workflow's CPU hosts (trm/launch/local.py) compile without them; the
+    # trainer's final evaluation was compiled so. Evaluated again with them, in a process of its own.
+    flags = [flag for flag in os.environ["XLA_FLAGS"].split() if "llvm_disable_expensive_passes" not in flag]
+    env = {**os.environ, "XLA_FLAGS": " ".join(flags)}
+    cmd = [sys.executable, "-m", "trm.cli", "evaluate", "--checkpoint", str(trained["run"]), "--steps", "2"]
+    cmd += ["--data", str(trained["built"]), "--out", str(tmp_path / "full.json")]
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    final = json.loads((trained["run"] / "final.json").read_text())["test"]
+    assert json.loads((tmp_path / "full.json").read_text())["results"] == [final]
 
 
 def test_bad_input(trained, tmp_path, capsys):

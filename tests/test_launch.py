@@ -90,6 +90,15 @@ def test_hosts_get_malloc_on_huge_pages_unless_the_user_chose():
     assert other["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
 
 
+def test_cpu_hosts_compile_without_llvms_expensive_passes_and_keep_the_users_flags():
+    cpu = host_environment({"XLA_FLAGS": "--xla_dump_to=/tmp/x"}, 1, 1, 0, 1)
+    assert cpu["XLA_FLAGS"] == f"--xla_dump_to=/tmp/x {local.CPU_COMPILE_FLAG}"
+    own = {"XLA_FLAGS": "--xla_llvm_disable_expensive_passes=false"}
+    assert host_environment(own, 1, 1, 0, 1)["XLA_FLAGS"] == own["XLA_FLAGS"]  # the user's choice wins
+    gpu = host_environment({}, 1, 1, 0, 1, gpus=["0"])
+    assert "XLA_FLAGS" not in gpu  # GPU kernels keep LLVM's full optimisation
+
+
 def test_jobs_of_the_workflow_get_one_xla_thread_unless_the_user_chose():
     environ = {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
     one_thread_per_job(environ)

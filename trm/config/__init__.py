@@ -7,6 +7,7 @@ against trm/config/schema.json. Every key is documented in docs/configuration.md
 from trm.config.checks import (
     batch_split_problem,
     config_value,
+    eval_batch_size,
     evaluation_batch,
     set_config_value,
     steps_per_interval,
@@ -49,6 +50,7 @@ __all__ = [
     "set_config_value",
     "steps_per_interval",
     "training_steps",
+    "eval_batch_size",
     "evaluation_batch",
     "config_hash",
     "dump_config",

@@ -54,6 +54,13 @@ def batch_split_problem(train: dict, devices: int) -> str | None:
     )
 
 
+def eval_batch_size(train: dict, devices: int) -> int:
+    """Rows per evaluation batch of a run's `train` section on `devices`: train.eval_batch_size (null: the
+    training batch), rounded up so that every device gets the same number of rows."""
+    rows = train.get("eval_batch_size") or train["global_batch_size"]
+    return -(-rows // devices) * devices
+
+
 def evaluation_batch(batch_size: int, puzzles: int, devices: int) -> int:
     """Rows per evaluation batch: `batch_size`, but fewer puzzles than one batch run in one batch just large enough
     for them on `devices` (their count rounded up to a multiple of the devices): padding rows cost as much as real

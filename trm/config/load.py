@@ -224,6 +224,8 @@ def dump_config(config: dict) -> str:
 ADDED_KEYS: dict[str, Any] = {
     # The fused MLP-T kernel: auto is what every run did before (fused on TPU where it applies).
     "arch.mlp_t_kernel": "auto",
+    # The evaluation batch: null is what every run did before (the training batch).
+    "train.eval_batch_size": None,
 }
 
 

@@ -9,8 +9,8 @@
   copied into --cache-dir and checked against their MANIFEST.json; a folder without one is read as it is),
   --split test or train; or a Sudoku-Extreme style CSV (.csv or .csv.gz, columns question,answer; any board, of
   its first question's size).
---batch-size: puzzles per batch over all devices; by default the run's train.global_batch_size, the batch its
-  trainer evaluated with, so that the figures at train.eval_steps reproduce the trainer's final evaluation
+--batch-size: puzzles per batch over all devices; by default the run's train.eval_batch_size (or, where that is
+  null, its train.global_batch_size), the batch its trainer evaluated with, so that the figures at train.eval_steps reproduce the trainer's final evaluation
   bit for bit (on the same devices).
 
 The evaluation is the trainer's own (trm/train/evaluator.py says what each figure means), over every local
@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from trm import storage
+from trm.config import eval_batch_size
 from trm.data.format import SplitData, load_split, sudoku_metadata
 from trm.data.manifest import MANIFEST_NAME
 from trm.data.sudoku import read_csv
@@ -68,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-size",
         type=number(int, minimum=1),
         default=None,
-        help="puzzles per batch over all devices (default: the run's train.global_batch_size)",
+        help="puzzles per batch over all devices (default: the run's train.eval_batch_size, else its global_batch_size)",
     )
     parser.add_argument(
         "--out", default=None, help="JSON output file (CSV beside it); default: JSON to stdout"
@@ -151,8 +151,10 @@ def main(args: argparse.Namespace) -> int:
     )
     evaluator = Evaluator(ModelTemplate(weights.model_cfg, seed=0), counts)
     devices = evaluator.mesh.size
-    batch_size = args.batch_size or weights.config["train"]["global_batch_size"]
-    batch_size = math.ceil(batch_size / devices) * devices  # every device gets the same number of rows
+    train = weights.config["train"]
+    batch_size = eval_batch_size(
+        {**train, "eval_batch_size": args.batch_size or train.get("eval_batch_size")}, devices
+    )
     with timings.phase("evaluate"):
         on_device = evaluator.put_weights(weights.params, weights.puzzle_emb, weights.buffers)
         results = evaluate(evaluator, on_device, split, batch_size, args.subset, progress=True)

@@ -312,13 +312,13 @@ class Trainer:
 
     def _evaluate(self, state: TrainState, limit: int) -> dict:
         """The figures after train.eval_steps supervision steps (EMA weights when kept) on the first `limit` test
-        puzzles (all when None), in batches of the training batch: the same evaluation as `trm evaluate`."""
+        puzzles (all when None), in batches of train.eval_batch_size: the same evaluation as `trm evaluate`."""
         with self.timings.phase("evaluate"):
             (record,) = evaluate(
                 self.evaluator,
                 self._eval_weights(state),
                 self.test_split,
-                self.train_cfg["global_batch_size"],
+                run_config.eval_batch_size(self.train_cfg, self.mesh.size),
                 limit,
             )
         return record
@@ -335,7 +335,7 @@ class Trainer:
             headline=self.train_cfg["eval_steps"],
             subset=self.test_time_subset,
             sampling=self.sampling,
-            batch_size=self.train_cfg["global_batch_size"],
+            batch_size=run_config.eval_batch_size(self.train_cfg, self.mesh.size),
             summary={
                 "checkpoint": self.run_dir,
                 "checkpoint_step": self.total_steps,
