@@ -1,5 +1,5 @@
 """`train.eval_batch_size`, the rows of an evaluation batch: a key added after runs were trained without it, which
-renames none of them (trm/config/load.py ADDED_KEYS), and which the smoke scale sets. That the trainer and `trm
+renames none of them (trm/config/load.py ADDED_KEYS). That the trainer and `trm
 evaluate` evaluate in its batches: tests/test_evaluate.py."""
 
 from __future__ import annotations
@@ -28,21 +28,16 @@ def without_key(config: dict) -> dict:
     return config
 
 
-def test_null_renames_no_run_and_only_the_smoke_scale_sets_it():
+def test_null_renames_no_run_at_any_scale_and_a_value_is_a_new_run():
     assert ADDED_KEYS["train.eval_batch_size"] is None
     for exp_id in experiment_ids():
         paper = load_config(experiment_path(exp_id))
-        assert paper["train"]["eval_batch_size"] is None, exp_id
         for scale in SCALES:
             config = config_at_scale(paper, scale, exp_id)
-            if scale == "smoke":
-                assert config["train"]["eval_batch_size"] == 256, exp_id
-                assert config_hash(config) != config_hash(
-                    {**config, "train": {**config["train"], "eval_batch_size": None}}
-                )
-            else:
-                assert config["train"]["eval_batch_size"] is None, (exp_id, scale)
-                assert config_hash(config) == config_hash(without_key(config)), (exp_id, scale)
+            assert config["train"]["eval_batch_size"] is None, (exp_id, scale)
+            assert config_hash(config) == config_hash(without_key(config)), (exp_id, scale)
+    base = load_config()
+    assert config_hash(load_config(overrides=["train.eval_batch_size=256"])) != config_hash(base)
 
 
 def test_a_config_written_before_the_key_existed_reads_as_null_with_its_old_hash(tmp_path):

@@ -49,7 +49,7 @@ STOP_GRACE_S = 120.0
 # Needs glibc >= 2.35 and transparent huge pages set to "madvise" or "always" (elsewhere it is ignored).
 MALLOC_HUGE_PAGES = ("glibc.malloc.hugetlb", "1")
 # XLA:CPU's LLVM spends most of a small program's compile time in passes that matter little to a tiny model; the
-# smoke baseline compiles 8.0 -> 7.0 s and trains and evaluates in 38.7 -> 34.9 s with it off, ending with a
+# smoke baseline (two threads) compiles 8.0 -> 7.0 s and runs 38.7 -> 34.9 s with them off, ending with a
 # byte-identical final.json (XLA does not reassociate floating-point ops, so the passes do not change results).
 CPU_COMPILE_FLAG = "--xla_llvm_disable_expensive_passes=true"
 

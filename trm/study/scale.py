@@ -87,10 +87,6 @@ SMOKE = Scale(
         "train.epochs": ("set", 64),  # 200 steps at the baseline's 100 puzzles / 32 batch
         "train.eval_interval": ("set", 16),  # four evaluations
         "train.eval_subset": ("set", 64),
-        "train.eval_batch_size": (
-            "set",
-            256,
-        ),  # one batch per pass: 33 -> 22 s for a run's evaluation on a CPU
     },
     pool=Pool("4x4", train=500, test=256),
     cell_fallback=True,
