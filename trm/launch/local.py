@@ -1,8 +1,9 @@
 """The local backend: a multi-host job as H processes on this machine, each with D CPU devices (or D GPUs).
 
-Each process runs `trm train <train args>` (`trm canary` of a canary job) with JAX_PLATFORMS=cpu, JAX_NUM_CPU_DEVICES=D (on GPUs, with
-`launch.platform` gpu or auto: JAX_PLATFORMS=cuda and its own D GPUs in CUDA_VISIBLE_DEVICES), malloc on huge pages
-(MALLOC_HUGE_PAGES), on CPUs without LLVM's expensive passes (CPU_COMPILE_FLAG) and, for H > 1, the coordinator 127.0.0.1:<free port>, its process id and short failure
+Each process runs `trm train <train args>` (`trm canary` of a canary job) with JAX_PLATFORMS=cpu,
+JAX_NUM_CPU_DEVICES=D (on GPUs, with `launch.platform` gpu or auto: JAX_PLATFORMS=cuda and its own D GPUs in
+CUDA_VISIBLE_DEVICES), malloc on huge pages (MALLOC_HUGE_PAGES), on CPUs without LLVM's expensive passes
+(CPU_COMPILE_FLAG) and, for H > 1, the coordinator 127.0.0.1:<free port>, its process id and short failure
 timeouts in TRM_* variables (see trm/run/distributed.py); H = 1 is a plain single-process run. Output is
 streamed line by line with a "[host i]" prefix. When a host fails the others are killed; SIGTERM and SIGINT are
 forwarded to every host as SIGTERM (a preemption notice: all hosts save at one step and exit 42). A host that
@@ -49,8 +50,9 @@ STOP_GRACE_S = 120.0
 # Needs glibc >= 2.35 and transparent huge pages set to "madvise" or "always" (elsewhere it is ignored).
 MALLOC_HUGE_PAGES = ("glibc.malloc.hugetlb", "1")
 # XLA:CPU's LLVM spends compile time in passes that matter little to a tiny model's step; with them off, the
-# smoke baseline (two threads) compiles its train step in 7.0 s instead of 8.0 and runs in 34.9 s instead of 38.7, with a
-# byte-identical final.json (XLA does not reassociate floating-point ops, so the passes do not change results).
+# smoke baseline (two threads) compiles its train step in 7.0 s instead of 8.0 and runs in 34.9 s instead of
+# 38.7, with a byte-identical final.json (XLA does not reassociate floating-point ops, so the passes do not
+# change results).
 CPU_COMPILE_FLAG = "--xla_llvm_disable_expensive_passes=true"
 
 
@@ -265,8 +267,8 @@ def _supervise(
 
 
 def check(job: Job) -> None:
-    """Before the lease (registry of trm/launch/launch_command.py): the machine has the devices `job.platform` asks for. Any
-    storage URL works for processes on this machine."""
+    """Before the lease (registry of trm/launch/launch_command.py): the machine has the devices `job.platform`
+    asks for. Any storage URL works for processes on this machine."""
     host_gpus(job.platform, job.hosts, job.devices_per_host)
 
 

@@ -10,8 +10,8 @@
   --split test or train; or a Sudoku-Extreme style CSV (.csv or .csv.gz, columns question,answer; any board, of
   its first question's size).
 --batch-size: puzzles per batch over all devices; by default the run's train.eval_batch_size (or, where that is
-  null, its train.global_batch_size), the batch its trainer evaluated with, so that the figures at train.eval_steps reproduce the trainer's final evaluation
-  bit for bit (on the same devices).
+  null, its train.global_batch_size), the batch its trainer evaluated with, so that the figures at
+  train.eval_steps reproduce the trainer's final evaluation bit for bit (on the same devices).
 
 The evaluation is the trainer's own (trm/train/evaluator.py says what each figure means), over every local
 device. --trajectories: also the sampled recursion (trm/train/sampled.py) at the same counts and puzzles: K trajectories
@@ -68,7 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-size",
         type=number(int, minimum=1),
         default=None,
-        help="puzzles per batch over all devices (default: the run's train.eval_batch_size, else its global_batch_size)",
+        help=(
+            "puzzles per batch over all devices (default: the run's train.eval_batch_size, else its "
+            "global_batch_size)"
+        ),
     )
     parser.add_argument(
         "--out", default=None, help="JSON output file (CSV beside it); default: JSON to stdout"
