@@ -132,7 +132,8 @@ def _python(code: str) -> list[str]:
     return [sys.executable, "-c", code]
 
 
-def test_a_failing_host_stops_the_others_and_sets_the_exit_code(capsys):
+def test_a_failing_host_stops_the_others_and_sets_the_exit_code(capsys, monkeypatch):
+    monkeypatch.setattr(local, "FAILED_GRACE_S", 1.0)
     started = time.time()
     code = run_processes(
         [
@@ -146,6 +147,24 @@ def test_a_failing_host_stops_the_others_and_sets_the_exit_code(capsys):
     out = capsys.readouterr().out
     assert "[host 1] bye" in out and "[host 0] waiting" in out
     assert "host 1 failed with code 3" in out
+
+
+def test_hosts_failing_moments_after_the_first_end_on_their_own(capsys, monkeypatch):
+    """Hosts that fail in setup for one reason exit moments apart; the later ones are not killed first, so process
+    0 still writes its failed status.json (the launcher's grace, FAILED_GRACE_S), and the first failure's code is
+    the job's."""
+    monkeypatch.setattr(local, "FAILED_GRACE_S", 30.0)
+    started = time.time()
+    code = run_processes(
+        [
+            _python("import time; time.sleep(1); print('status written', flush=True); exit(2)"),
+            _python("exit(3)"),
+        ],
+        [dict(os.environ)] * 2,
+    )
+    out = capsys.readouterr().out
+    assert code == 3 and "[host 0] status written" in out and "host exit codes: [2, 3]" in out, out
+    assert time.time() - started < 20  # it ended when they did, not after the grace
 
 
 def test_all_hosts_succeed_and_a_signal_becomes_a_preemption_everywhere(capsys):

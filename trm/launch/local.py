@@ -5,11 +5,12 @@ JAX_NUM_CPU_DEVICES=D (on GPUs, with `launch.platform` gpu or auto: JAX_PLATFORM
 CUDA_VISIBLE_DEVICES), malloc on huge pages (MALLOC_HUGE_PAGES), on CPUs without LLVM's expensive passes
 (CPU_COMPILE_FLAG) and, for H > 1, the coordinator 127.0.0.1:<free port>, its process id and short failure
 timeouts in TRM_* variables (see trm/run/distributed.py); H = 1 is a plain single-process run. Output is
-streamed line by line with a "[host i]" prefix. When a host fails the others are killed; SIGTERM and SIGINT are
-forwarded to every host as SIGTERM (a preemption notice: all hosts save at one step and exit 42). A host that
-this SIGTERM ends before its trainer took the signal over counts as stopped (42), not failed; hosts still
-running STOP_GRACE_S after it are killed (they resume from their previous checkpoint). The hosts lead their own
-session and get SIGTERM when the launcher dies, however it dies (trm/run/lifetime.py).
+streamed line by line with a "[host i]" prefix. When a host fails, the others still running FAILED_GRACE_S
+later are killed. SIGTERM and SIGINT are forwarded to every host as SIGTERM (a preemption notice: all hosts save
+at one step and exit 42). A host that this SIGTERM ends before its trainer took the signal over counts as
+stopped (42), not failed; hosts still running STOP_GRACE_S after it are killed (they resume from their previous
+checkpoint). The hosts lead their own session and get SIGTERM when the launcher dies, however it dies
+(trm/run/lifetime.py).
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ LOCAL_TIMEOUTS = {
     distributed.ENV_INIT_TIMEOUT: "60",
 }
 PREEMPTED_GRACE_S = 60.0  # how long the other hosts may take to follow one that stopped with code 42
+# How long the other hosts may take to exit on their own after one failed, before they are killed. Hosts that fail
+# in setup for one reason (a missing dataset) exit moments apart, and process 0 writes status.json's "failed" with
+# the reason; killed at once, it could lose that race to another host. A host blocked in a collective on the
+# failed one is killed after the grace.
+FAILED_GRACE_S = 10.0
 # How long the hosts may take to save and exit after a stop request (the tpu-vm default stop_grace_seconds);
 # then they are killed, and resume from their previous checkpoint.
 STOP_GRACE_S = 120.0
@@ -228,12 +234,13 @@ def _supervise(
     stopping: threading.Event,
     lease_lost: threading.Event | None,
 ) -> tuple[list[int], int | None]:
-    """Wait for every host; kill the others as soon as one fails, when they linger after a preemption or a
-    stop request, or at once when the lease is lost.
+    """Wait for every host; kill the others when they linger after one failed (FAILED_GRACE_S), after a preemption
+    or after a stop request, and at once when the lease is lost.
 
     Returns every host's exit code and the index of the first host that failed (None if none did).
     """
     first_failure: int | None = None
+    failed_at: float | None = None
     preempted_at: float | None = None
     stop_requested_at: float | None = None
     while any(p.poll() is None for p in procs):
@@ -246,9 +253,10 @@ def _supervise(
             if code == EXIT_PREEMPTED:
                 preempted_at = preempted_at or time.time()
             elif first_failure is None:
-                first_failure = index
+                first_failure, failed_at = index, time.time()
                 with lock:
                     print(f"[launch] host {index} failed with code {code}: stopping the others", flush=True)
+        failed = failed_at is not None and time.time() - failed_at > FAILED_GRACE_S
         lingering = preempted_at is not None and time.time() - preempted_at > PREEMPTED_GRACE_S
         overdue = stop_requested_at is not None and time.time() - stop_requested_at > STOP_GRACE_S
         if overdue and any(p.poll() is None for p in procs):
@@ -258,7 +266,7 @@ def _supervise(
                     flush=True,
                 )
         lost = lease_lost is not None and lease_lost.is_set()
-        if first_failure is not None or lingering or overdue or lost:
+        if failed or lingering or overdue or lost:
             for proc in procs:
                 if proc.poll() is None:
                     proc.kill()
