@@ -45,7 +45,8 @@ run: $(RUNTIME)
 	$(BIN)/snakemake --cores all all
 	$(BIN)/snakemake --report results/report.html
 
-# Two pytest workers, one test module each at a time (module fixtures are built once); TEST_WORKERS=0 runs serially.
+# Two pytest workers, one test module each at a time (module fixtures are built once), the longest modules first
+# (tests/conftest.py, LONGEST_MODULES; --no-loadscope-reorder keeps that order); TEST_WORKERS=0 runs serially.
 # tests/system_guard.py records the machine's /usr/bin (through its links) and the user's trm and snakemake
 # folders before the suite and fails the run if the suite changed any of them.
 TEST_WORKERS ?= 2
@@ -53,7 +54,7 @@ GUARD := $(VENV)/system-guard.json
 test: $(TESTING)
 	$(BIN)/ruff check trm tests benchmarks
 	$(BIN)/python tests/system_guard.py snapshot $(GUARD)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile; status=$$?; \
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder; status=$$?; \
 	$(BIN)/python tests/system_guard.py compare $(GUARD) || status=1; exit $$status
 
 # The loop while editing: every test not marked slow, multihost, workflow or tpu (the markers: pyproject.toml,
