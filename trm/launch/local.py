@@ -58,7 +58,8 @@ MALLOC_HUGE_PAGES = ("glibc.malloc.hugetlb", "1")
 # XLA:CPU's LLVM spends compile time in passes that matter little to a tiny model's step; with them off, the
 # smoke baseline (two threads) compiles its train step in 7.0 s instead of 8.0 and runs in 34.9 s instead of
 # 38.7, with a byte-identical final.json (XLA does not reassociate floating-point ops, so the passes do not
-# change results).
+# change results). Those are our earlier 2-core machine's figures; on a 2-core AVX-512 one the whole smoke study
+# gained about 1% (docs/statistics.md).
 CPU_COMPILE_FLAG = "--xla_llvm_disable_expensive_passes=true"
 
 
