@@ -128,20 +128,15 @@ def test_cpu_hosts_get_the_thread_pool_of_one_process_holding_all_the_devices():
     assert "NPROC" not in tpu  # not on a TPU host
 
 
-def _python(code: str) -> list[str]:
-    return [sys.executable, "-c", code]
+def _run_hosts(*codes: str) -> int:
+    """run_processes with one host per Python snippet, each in this process's environment."""
+    return run_processes([[sys.executable, "-c", code] for code in codes], [dict(os.environ)] * len(codes))
 
 
 def test_a_failing_host_stops_the_others_and_sets_the_exit_code(capsys, monkeypatch):
     monkeypatch.setattr(local, "FAILED_GRACE_S", 1.0)
     started = time.time()
-    code = run_processes(
-        [
-            _python("import time; print('waiting', flush=True); time.sleep(120)"),
-            _python("print('bye'); exit(3)"),
-        ],
-        [dict(os.environ)] * 2,
-    )
+    code = _run_hosts("import time; print('waiting', flush=True); time.sleep(120)", "print('bye'); exit(3)")
     assert code == 3
     assert time.time() - started < 30  # the sleeping host was killed, not waited for
     out = capsys.readouterr().out
@@ -155,20 +150,14 @@ def test_hosts_failing_moments_after_the_first_end_on_their_own(capsys, monkeypa
     the job's."""
     monkeypatch.setattr(local, "FAILED_GRACE_S", 30.0)
     started = time.time()
-    code = run_processes(
-        [
-            _python("import time; time.sleep(1); print('status written', flush=True); exit(2)"),
-            _python("exit(3)"),
-        ],
-        [dict(os.environ)] * 2,
-    )
+    code = _run_hosts("import time; time.sleep(1); print('status written', flush=True); exit(2)", "exit(3)")
     out = capsys.readouterr().out
     assert code == 3 and "[host 0] status written" in out and "host exit codes: [2, 3]" in out, out
     assert time.time() - started < 20  # it ended when they did, not after the grace
 
 
 def test_all_hosts_succeed_and_a_signal_becomes_a_preemption_everywhere(capsys):
-    assert run_processes([_python("print('a')"), _python("print('b')")], [dict(os.environ)] * 2) == 0
+    assert _run_hosts("print('a')", "print('b')") == 0
 
     # Hosts that save and exit 42 on SIGTERM, as the trainer does; the launcher gets SIGINT (Ctrl-C).
     host = (
@@ -187,7 +176,7 @@ def test_all_hosts_succeed_and_a_signal_becomes_a_preemption_everywhere(capsys):
 
     threading.Thread(target=interrupt_when_ready, daemon=True).start()
     started = time.time()
-    assert run_processes([_python(host), _python(host)], [dict(os.environ)] * 2) == 42
+    assert _run_hosts(host, host) == 42
     assert time.time() - started < 60
 
 
@@ -203,7 +192,7 @@ def test_hosts_that_do_not_stop_within_the_grace_are_killed(capsys, monkeypatch)
 
     threading.Thread(target=interrupt_when_ready, daemon=True).start()
     started = time.time()
-    assert run_processes([_python(stubborn)], [dict(os.environ)]) == 128 + signal.SIGKILL
+    assert _run_hosts(stubborn) == 128 + signal.SIGKILL
     assert time.time() - started < 60
     assert "hosts still running 2 s after the stop request: killed" in capsys.readouterr().out
 
