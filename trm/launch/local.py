@@ -256,7 +256,11 @@ def _supervise(
             elif first_failure is None:
                 first_failure, failed_at = index, time.time()
                 with lock:
-                    print(f"[launch] host {index} failed with code {code}: stopping the others", flush=True)
+                    print(
+                        f"[launch] host {index} failed with code {code}: stopping the others (killed if still "
+                        f"running in {FAILED_GRACE_S:.0f} s)",
+                        flush=True,
+                    )
         failed = failed_at is not None and time.time() - failed_at > FAILED_GRACE_S
         lingering = preempted_at is not None and time.time() - preempted_at > PREEMPTED_GRACE_S
         overdue = stop_requested_at is not None and time.time() - stop_requested_at > STOP_GRACE_S
