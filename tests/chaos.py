@@ -81,6 +81,7 @@ def make_study(root: Path, storage_url: str, slices: tuple[str, ...], runs: int,
     profile = tpu_test_profile(  # one seed per baseline: no noise-floor run trains (trm/study/selection.py)
         root, storage_url, slices, root / "locks", tpu=tpu, experiments=experiments,
         test_time_steps={"smoke": TEST_TIME_STEPS, "paper": TEST_TIME_STEPS}, replicates={"smoke": {"baseline": 1}},
+        test_time_trajectories={"smoke": [], "mini": [4, 16], "paper": []},  # no sampling: no fingerprint reads it
     )  # fmt: skip
     study = Study(root, profile, experiments, env, slices)
     plan = plan_study(

@@ -18,19 +18,24 @@ import os
 import time
 
 import pytest
-from chaos import EXPERIMENT, Chaos, Fault, fingerprint, make_study
+from chaos import EXPERIMENT, Chaos, Fault, fingerprint, make_study, read_json
+
+from trm.run import layout
 
 pytestmark = [pytest.mark.tpu, pytest.mark.workflow, pytest.mark.slow]
 
 # The launcher's settings for the study: a hung gcloud call costs 3 s, a run whose trainers died silently (the
 # killed host's peer aborts without a word) is relaunched 30 s after their last heartbeat.
 TPU = {"gcloud_timeout_seconds": 3, "stale_after_seconds": 30}
-# Shorter runs than the soak's (chaos.EXPERIMENT: 180 steps, a checkpoint every 20) with as many checkpoints:
-# 12 puzzles x 72 epochs / 8 = 108 steps, a checkpoint every 10. A killed launcher's trainers train on until its
-# job's retry stops them (about 50 steps on a loaded machine): that one comes early, 78 steps before the end.
+# Shorter runs than the soak's (chaos.EXPERIMENT: 160 steps, a checkpoint every 20) with about as many
+# checkpoints: at the smoke scale 15 puzzles x 64 epochs / 8 = 120 steps, a checkpoint every 10. A killed
+# launcher's trainers train on until its job's retry stops them (about 50 steps on a loaded machine): that one
+# comes early, 90 steps before the end. The test checks the step count, since a change of the smoke scale changes
+# it (one did: these runs had grown to 480 steps, four times the time).
+STEPS = 120
 RUNS = {
     **EXPERIMENT,
-    "data": {**EXPERIMENT["data"], "train_puzzles": 600},
+    "data": {**EXPERIMENT["data"], "train_puzzles": 150},
     "train": {**EXPERIMENT["train"], "checkpoint_every_steps": 10},
 }
 
@@ -60,6 +65,10 @@ def test_a_disturbed_study_ends_bit_identical_to_an_undisturbed_one(cloud, tpu_b
         -4000:
     ]
     undisturbed = time.time() - started
+    steps = {
+        exp: read_json(layout.path(url, layout.FINAL)).get("steps") for exp, url in reference.run_dirs.items()
+    }
+    assert set(steps.values()) == {STEPS}, f"runs of {steps} steps: retune RUNS so the faults fall as planned"
 
     study = make_study(
         tmp_path / "chaos", f"{tpu_bucket}/chaos", (f"{tag}-c0", f"{tag}-c1"), 2, env, TPU, RUNS
