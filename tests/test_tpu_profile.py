@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from fake_tpu import gcloud_calls, tpu_test_profile, wait_until_exited
-from workflow_support import TPU_PROFILE, add_references, copy_workflow, estimates, study
+from workflow_support import TPU_PROFILE, copy_workflow, estimates, lighten, study
 
 from trm import storage
 from trm.run import layout
@@ -27,14 +27,10 @@ pytestmark = [pytest.mark.tpu, pytest.mark.workflow, pytest.mark.slow]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 # Not test_tpu_vm.py's slice names: the two files may run at the same time in different pytest workers.
 SLICES = ("trm-profile-a", "trm-profile-b")
-# The two trained experiments: exp01a and exp04a_100 with one layer in float32, as references of the study in its
-# copy. What the profile does does not depend on the model's depth or dtype, and the smoke scale's two bfloat16
-# layers cost most of these runs' time in compiling (four hosts compile at once, cold).
-LIGHT = {"arch": {"L_layers": 1, "forward_dtype": "float32"}}
-TRAINED = {
-    "profile_a": {"arch": {**LIGHT["arch"], "hidden_size": 256, "num_heads": 4}},  # exp01a's size
-    "profile_b": {**LIGHT, "data": {"train_puzzles": 100}},  # exp04a_100's puzzles
-}
+# The two trained experiments. Their copy of the workflow trains one float32 layer (workflow_support.lighten):
+# what the profile does does not depend on the model's depth or dtype, and with the smoke scale's two bfloat16
+# layers compiling was most of these runs' time (four hosts compile at once, cold).
+TRAINED = ("exp01a", "exp04a_100")
 
 
 def test_profile_dry_run_needs_no_gcloud_and_shows_tpu_hours(tmp_path):
@@ -113,16 +109,14 @@ def _with_profile(profile: Path, root: Path, *targets: str) -> subprocess.Comple
     return subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=600)
 
 
-def _test_profile(
-    root: Path, tpu_bucket: str, tmp: Path, experiments: tuple[str, ...] = ("exp01a", "exp04a_100")
-) -> Path:
+def _test_profile(root: Path, tpu_bucket: str, tmp: Path) -> Path:
     """The tpu-test profile with two experiments, evaluated at the headline's 16 supervision steps and at one:
     where the slice's and a one-process evaluation must agree (see below), every count on the whole test split and
     without sampling (two hosts sample as one does: tests/test_multihost.py). A count past the headline's would
     lengthen the evaluation without testing more."""
     test_time_steps = {"smoke": [1, 16], "paper": [16, 32, 64, 128]}
     return tpu_test_profile(
-        root, f"{tpu_bucket}/study", SLICES, tmp / "locks", experiments=[*experiments],
+        root, f"{tpu_bucket}/study", SLICES, tmp / "locks", experiments=[*TRAINED],
         test_time_steps=test_time_steps, test_time_subset={"smoke": None, "mini": None, "paper": 43008},
         test_time_trajectories={"smoke": [], "mini": [4, 16], "paper": []},
     )  # fmt: skip
@@ -131,8 +125,8 @@ def _test_profile(
 def test_profile_runs_two_experiments_on_an_emulated_slice(cloud, tpu_bucket, workdir, tmp_path, monkeypatch):
     root = workdir
     monkeypatch.setenv("FAKE_TPU_DEVICES", "2")
-    add_references(root, TRAINED)
-    profile = _test_profile(root, tpu_bucket, tmp_path, tuple(TRAINED))
+    lighten(root)
+    profile = _test_profile(root, tpu_bucket, tmp_path)
     targets = [f"results/smoke/runs/{exp}.json" for exp in TRAINED]
     started = time.time()
     done = _with_profile(profile, root, *targets)
@@ -170,7 +164,7 @@ def _evaluated_on_the_hosts_in_the_training_job(
     of the same checkpoint, every figure to the last bit (the hosts size their CPU thread pools as one process
     would, trm.run.distributed.size_cpu_thread_pool; without that one cell in 1,296 differed after one step)."""
     assert " summarize " in output and " evaluate --checkpoint" not in output
-    summary = json.loads((root / "results/smoke/runs/profile_a.json").read_text())
+    summary = json.loads((root / "results/smoke/runs/exp01a.json").read_text())
     run_dir = run_dir_of(storage_root, "smoke", summary["config_hash"])
     slice_run = json.loads(storage.read_text(layout.path(run_dir, layout.TEST_TIME)))
     assert slice_run["devices"] == 4 and [r["steps"] for r in slice_run["results"]] == [1, 16]
