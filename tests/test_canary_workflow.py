@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from workflow_support import copy_workflow
+from workflow_support import copy_workflow, lighten
 
 from trm.study.canary_job import CANARY
 
@@ -72,8 +72,10 @@ def page(output: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory) -> Path:
-    """A copy of the workflow whose baseline dataset is staged (the canary's one input)."""
+    """A copy of the workflow whose baseline dataset is staged (the canary's one input), training one float32
+    layer (workflow_support.lighten: the canary's checks do not depend on the model's depth or dtype)."""
     root = copy_workflow(tmp_path_factory.mktemp("canary") / "study")
+    lighten(root)
     dry = snakemake(root, "-n", CANARY, *TWO_HOSTS)
     assert dry.returncode == 0, dry.stderr[-3000:]
     output = dry.stdout + dry.stderr

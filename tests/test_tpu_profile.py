@@ -204,6 +204,7 @@ def test_the_canary_runs_on_every_host_of_an_emulated_slice_and_prices_the_plan(
     """`snakemake --profile tpu-test canary`: `trm canary` on the 2 hosts x 2 devices of one slice through the
     tpu-vm launcher, its page printed on the controller from storage, and its step time in results/measured/."""
     monkeypatch.setenv("FAKE_TPU_DEVICES", "2")
+    lighten(workdir)
     profile = tpu_test_profile(workdir, f"{tpu_bucket}/study", SLICES[:1], tmp_path / "locks")
     started = time.time()
     done = _with_profile(profile, workdir, "canary")
