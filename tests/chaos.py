@@ -189,11 +189,8 @@ def trainer_pid(slice_name: str, worker: int) -> int | None:
         except OSError:
             continue
         home = next((e for e in environ if e.startswith(b"HOME=")), b"")
-        if (
-            b"trm.cli" in command
-            and b"train" in command
-            and home.endswith(f"/{slice_name}/{worker}".encode())
-        ):
+        ours = home.endswith(f"/{slice_name}/{worker}".encode())
+        if ours and b"trm.cli" in command and b"train" in command:
             return pid
     return None
 
