@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from workflow_support import add_references, copy_workflow
+from workflow_support import LIGHT_ARCH, add_references, copy_workflow
 
 from trm.config import dump_config
 from trm.run import distributed, layout
@@ -33,7 +33,7 @@ BIN = Path(sys.executable).parent
 # exp04a_500 (50 smoke puzzles: 100 training steps) with one layer in float32, as a reference of the study in its
 # copy: signals, checkpoints and resuming do not depend on the model's depth or dtype.
 EXPERIMENT = "interrupted"
-RUN = {"data": {"train_puzzles": 500}, "arch": {"L_layers": 1, "forward_dtype": "float32"}}
+RUN = {"data": {"train_puzzles": 500}, "arch": LIGHT_ARCH}
 MARKER = "TRM_TEST_MARKER"
 # The environment of the workflow's jobs (workflow/rules/common.smk): its persistent XLA cache (the reference run
 # compiles for every attempt) and one XLA CPU thread (trm.launch.local.one_thread_per_job), so that the reference
