@@ -1,7 +1,8 @@
 """Helpers of the tests of the workflow and the study: its Study built from settings as Snakemake would (and the
-one-line refusal of bad settings), a copy of the workflow to edit and run, a dry run's cost estimates, an edited
-copy of config/groups.yaml, experiments of a test's own in a copy, a results folder as finished jobs leave it for
-the table, and a runs table as `trm aggregate` writes it."""
+one-line refusal of bad settings), a copy of the workflow to edit and run (`lighten`: one that trains a lighter
+model), a dry run's cost estimates and the jobs a run plans, an edited copy of config/groups.yaml, experiments of a
+test's own in a copy, a results folder as finished jobs leave it for the table, and a runs table as
+`trm aggregate` writes it."""
 
 from __future__ import annotations
 
@@ -87,8 +88,9 @@ def lighten(root: Path) -> None:
     """The copy of the workflow at `root` trains LIGHT_ARCH: its config/base.yaml's arch, so every experiment and
     group keeps its own keys.
 
-    For tests that run Snakemake in a subprocess in `root` only: a plan made in the test's own process resolves
-    configs from this checkout's config/base.yaml (trm/config/load.py), so its hashes would not be the copy's."""
+    For tests that run Snakemake in a subprocess in `root` only (dry runs too: `job_stats`): a plan made in the
+    test's own process resolves configs from this checkout's config/base.yaml (trm/config/load.py), so its hashes
+    would not be the copy's."""
     base = root / "config" / "base.yaml"
     config = yaml.safe_load(base.read_text())
     config["arch"].update(LIGHT_ARCH)
@@ -115,6 +117,19 @@ def estimates(output: str, part: str) -> dict[str, float]:
             (labelled,) = [x for x in lines[i + 1 : i + 3] if x.strip().startswith(f"{part}:")]
             found[line.split("train ")[1].split(":")[0]] = float(labelled.split(":")[1].split()[0])
     return found
+
+
+def job_stats(output: str) -> dict[str, int]:
+    """The jobs a Snakemake run (or dry run) planned, per rule: its printed "Job stats" table, without the total."""
+    lines = output.splitlines()
+    start = lines.index("Job stats:") + 3  # the title, the header and its rule
+    counts = {}
+    for line in lines[start:]:
+        rule, _, count = line.partition(" ")
+        if rule == "total" or not count.strip().isdigit():
+            break
+        counts[rule] = int(count)
+    return counts
 
 
 def refused(tmp_path: Path, changes: dict, **kwargs) -> str:
