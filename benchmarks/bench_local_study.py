@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import re
 import resource
 import subprocess
@@ -33,6 +32,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from trm.run.timing import last_record
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -105,12 +106,7 @@ def timings_of(log_file: str | None) -> dict | None:
     """The last {"timings": ...} record a job's command printed, if any."""
     if not log_file or not Path(log_file).exists():
         return None
-    records = [
-        json.loads(line[line.index("{") :])["timings"]
-        for line in Path(log_file).read_text(errors="replace").splitlines()
-        if '{"timings"' in line
-    ]
-    return records[-1] if records else None
+    return last_record(Path(log_file).read_text(errors="replace"))
 
 
 def breakdown(job: dict) -> dict[str, float] | None:

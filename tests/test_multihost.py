@@ -21,6 +21,7 @@ from tiny_run import TINY, set_flags, tiny_config
 from trm.config import BASE_CONFIG
 from trm.launch.local import free_port, host_environment
 from trm.run import distributed
+from trm.run.timing import last_record
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slow]
 
@@ -242,6 +243,11 @@ def test_preemption_and_a_dead_host_then_resume(easy_data, two_by_two, tmp_path)
     assert _final(run)["params_sha256"] == _final(two_by_two)["params_sha256"]
     assert _final(run)["test"] == _final(two_by_two)["test"]
     assert "host 1" in (run / "logs" / "host-1.log").read_text()
+    # Every host read every program from the compilation cache that the hosts of `two_by_two` wrote, host 1
+    # included (distributed.cache_from_every_process): neither compiled one again.
+    for host in (0, 1):
+        phases = last_record((run / "logs" / f"host-{host}.log").read_text())["phases"].values()
+        assert sum(p["cache_misses"] for p in phases) == 0 and sum(p["cache_hits"] for p in phases) > 0, host
 
 
 # Runs in a fresh process with 4 CPU devices: a train step's gradients and its compiled HLO.

@@ -155,6 +155,37 @@ def initialize(options: DistributedOptions) -> None:
             process_id=options.process_id,
             **timeouts,
         )
+        if jax.default_backend() == "cpu":
+            cache_from_every_process()
+
+
+def cache_from_every_process() -> None:
+    """Let every process of this job write the persistent compilation cache, not only process 0.
+
+    JAX writes the cache from process 0 alone (so that hosts do not contend for a shared bucket) and keys a CPU
+    program by the devices of the process that compiles it, so no other process ever finds its own programs there:
+    CPU processes as hosts (the local launcher, the tests' fake TPU slices) compiled every program again at every
+    start. A tiny 2-host run started a second time: host 0 read its programs in 1.5 s, host 1 compiled for 6.4 s.
+    Such processes share one machine and its local cache folder, so each writes its own entries. JAX has no setting
+    for this: it wraps JAX's private cache writer, which jax's pin (pyproject.toml) keeps where it is, and
+    tests/test_multihost.py checks that a second start reads every program on every host."""
+    from jax._src import compiler
+    from jax._src import distributed as jax_distributed
+
+    write = compiler._cache_write
+    if getattr(write, "from_every_process", False):
+        return
+
+    def write_as_process_0(*args, **kwargs):
+        state = jax_distributed.global_state
+        process_id, state.process_id = state.process_id, 0  # the writer's only use of it: "process 0 writes"
+        try:
+            return write(*args, **kwargs)
+        finally:
+            state.process_id = process_id
+
+    write_as_process_0.from_every_process = True
+    compiler._cache_write = write_as_process_0
 
 
 def size_cpu_thread_pool(num_processes: int, environ=os.environ) -> None:

@@ -12,6 +12,7 @@ time. benchmarks/bench_local_study.py reads these records from the study's job l
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -100,3 +101,11 @@ class Timings:
         other = self._entry("other")
         other["wall_s"] = max(0.0, total - sum(p["wall_s"] for n, p in self.phases.items() if n != "other"))
         return {"start_and_imports_s": self.start_and_imports, "total_s": total, "phases": self.phases}
+
+
+def last_record(log: str) -> dict | None:
+    """The last {"timings": ...} record printed in `log` (a process's output), if any."""
+    records = [
+        json.loads(line[line.index("{") :])["timings"] for line in log.splitlines() if '{"timings"' in line
+    ]
+    return records[-1] if records else None
