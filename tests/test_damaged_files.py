@@ -29,6 +29,7 @@ OWN_JSON_READERS = {
     "study/measured.py": "the local plan's measurements: a file it cannot read measures nothing (skipped)",
     "launch/slice_ledger.py": "a half-written slice record names no slice to delete: skipped",
     "launch/gcloud.py": "gcloud's output, not a file",
+    "run/timing.py": "a process's output (its timings record), read by a benchmark and a test, not by a command",
 }
 
 
