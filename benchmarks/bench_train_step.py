@@ -50,9 +50,8 @@ import numpy as np
 from trm.config import load_config
 from trm.data.format import sudoku_metadata
 from trm.launch.local import MALLOC_HUGE_PAGES, with_tunable
-from trm.model.config import ModelConfig
+from trm.model.config import ModelConfig, swiglu_width
 from trm.model.flops import flops_per_example_step
-from trm.model.layers import swiglu_width
 from trm.train.step import ModelTemplate, TrainStep, init_state
 
 SUDOKU_META = sudoku_metadata(1)

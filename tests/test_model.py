@@ -14,7 +14,7 @@ from model_configs import SUDOKU, model_config
 from trm.cli import main as trm_main
 from trm.config import load_config
 from trm.errors import UserError
-from trm.model.config import ModelConfig
+from trm.model.config import ModelConfig, swiglu_width
 from trm.model.flops import (
     count_params,
     flops_per_example_step,
@@ -22,7 +22,7 @@ from trm.model.flops import (
     head_flops,
     net_flops,
 )
-from trm.model.layers import Block, apply_rope, rms_norm, rope_tables, swiglu_width
+from trm.model.layers import Block, apply_rope, rms_norm, rope_tables
 from trm.model.trm import TRM, Buffer, PuzzleEmbedding, num_params, split_state
 
 

@@ -174,6 +174,32 @@ def test_help_of_every_command_imports_no_heavy_library():
     assert json.loads(done.stdout) == []
 
 
+# The workflow's Study as Snakemake's controller builds it (workflow/rules/common.smk), every experiment planned and
+# priced: it needs none of the computing libraries (JAX's import was 1.2 s of every `snakemake` start).
+STUDY_PROBE = """
+import json, sys, yaml
+from trm.study.study import Study
+config = yaml.safe_load(open("config/config.yaml"))
+config.update(results=sys.argv[1] + "/results", storage=sys.argv[1] + "/storage")
+study = Study(config, lambda key: "config/config.yaml", "workflow/schemas/config.schema.yaml")
+assert len(study.plan) > 67, len(study.plan)
+print(json.dumps([name for name in sys.modules if name.split(".")[0] in HEAVY]))
+"""
+
+
+def test_planning_the_study_imports_no_computing_library(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    probe = f"HEAVY = {('jax', 'flax', 'optax', 'orbax', 'torch')!r}\n{STUDY_PROBE}"
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []
+
+
 def test_the_checkouts_files_are_found_one_way(monkeypatch):
     # trm.checkout.checkout_path: the working checkout's file, spelled as given from its root (short paths in
     # messages), in full from anywhere else (the study's settings, groups, experiments and compiled figures).

@@ -105,3 +105,11 @@ def add_seq_len_argument(parser: argparse.ArgumentParser, when: str) -> None:
         default=NUM_CELLS,
         help=f"puzzle length, {when} (default %(default)s, Sudoku)",
     )
+
+
+def swiglu_width(width: int, expansion: float, multiple: int) -> int:
+    """Inner width of a SwiGLU: round(expansion * width * 2/3) rounded up to a multiple of `multiple` (the
+    original's 256: arch.swiglu_multiple). Here, not beside the layer, so that sizes and FLOP counts
+    (trm/model/flops.py, the workflow's estimates) need no JAX."""
+    inner = round(expansion * width * 2 / 3)
+    return -(-inner // multiple) * multiple

@@ -7,8 +7,7 @@ differentiated part. The lm_head is counted on all S positions as in the spec (o
 
 from __future__ import annotations
 
-from trm.model.config import ModelConfig
-from trm.model.layers import swiglu_width
+from trm.model.config import ModelConfig, swiglu_width
 
 
 def count_params(cfg: ModelConfig) -> int:

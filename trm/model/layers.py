@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from trm.model import mlp_t_kernel, mlp_t_path
-from trm.model.config import ModelConfig
+from trm.model.config import ModelConfig, swiglu_width
 
 # The std of a standard normal truncated to [-2, 2]; dividing by it makes the truncated sample's std exact.
 TRUNC_NORMAL_STD = 0.87962566103423978
@@ -23,13 +23,6 @@ TRUNC_NORMAL_STD = 0.87962566103423978
 def trunc_normal(key: jax.Array, shape: tuple[int, ...], std: float) -> jax.Array:
     """JAX-style corrected truncated normal: float32 values in [-2, 2]*std/0.8796 with actual std `std`."""
     return jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32) * (std / TRUNC_NORMAL_STD)
-
-
-def swiglu_width(width: int, expansion: float, multiple: int) -> int:
-    """Inner width of a SwiGLU: round(expansion * width * 2/3) rounded up to a multiple of `multiple` (the
-    original's 256: arch.swiglu_multiple)."""
-    inner = round(expansion * width * 2 / 3)
-    return -(-inner // multiple) * multiple
 
 
 def rms_norm(x: jax.Array, eps: float, axis: int = -1) -> jax.Array:
