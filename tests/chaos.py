@@ -54,6 +54,7 @@ class Study:
     env: dict[str, str]
     slices: tuple[str, ...]
     run_dirs: dict[str, str] = field(default_factory=dict)  # experiment -> its run dir's URL
+    cores: int = 4  # Snakemake's: how many of its runs' jobs may run at once
 
     @property
     def results(self) -> Path:
@@ -61,7 +62,7 @@ class Study:
 
     def command(self) -> list[str]:
         targets = ["aggregate", *(f"results/smoke/runs/{e}.json" for e in self.experiments)]  # the table too
-        return [SNAKEMAKE, "--profile", str(self.profile), "--cores", "4", *targets]
+        return [SNAKEMAKE, "--profile", str(self.profile), "--cores", str(self.cores), *targets]
 
     def gcloud(self, *args: str) -> None:
         subprocess.run(["gcloud", *args], env=self.env, check=True, timeout=60, capture_output=True)
