@@ -148,56 +148,50 @@ def test_only_the_layout_module_names_the_files_of_a_run_dir():
     assert not named, named
 
 
-# Libraries only the computing commands need: `trm --help` and `trm COMMAND --help` must not import them.
+# Libraries only the computing commands need: `trm --help`, `trm COMMAND --help` and the workflow's planning must
+# not import them.
 HEAVY = ("jax", "flax", "optax", "orbax", "torch", "pandas", "pyarrow", "matplotlib", "gcsfs")
 HELP_PROBE = """
-import contextlib, io, json, sys
+import contextlib, io
 from trm.cli import COMMANDS, main
 for argv in [["--help"], *([name, "--help"] for name in COMMANDS)]:
     with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):
         main(argv)
     assert "usage: trm" in out.getvalue(), argv
-print(json.dumps([name for name in sys.modules if name.split(".")[0] in HEAVY]))
 """
-
-
-def test_help_of_every_command_imports_no_heavy_library():
-    import json
-    import subprocess
-    import sys
-
-    probe = f"HEAVY = {HEAVY!r}\n{HELP_PROBE}"
-    done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=REPO
-    )
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == []
-
-
 # The workflow's Study as Snakemake's controller builds it (workflow/rules/common.smk), every experiment planned and
-# priced: it needs none of the computing libraries (JAX's import was 1.2 s of every `snakemake` start).
+# priced (JAX's import was 1.2 s of every `snakemake` start).
 STUDY_PROBE = """
-import json, sys, yaml
+import yaml
 from trm.study.study import Study
 config = yaml.safe_load(open("config/config.yaml"))
 config.update(results=sys.argv[1] + "/results", storage=sys.argv[1] + "/storage")
 study = Study(config, lambda key: "config/config.yaml", "workflow/schemas/config.schema.yaml")
 assert len(study.plan) > 67, len(study.plan)
-print(json.dumps([name for name in sys.modules if name.split(".")[0] in HEAVY]))
 """
 
 
-def test_planning_the_study_imports_no_computing_library(tmp_path):
+def heavy_imports(probe: str, *args: str) -> list[str]:
+    """The HEAVY modules a fresh Python process has imported after running `probe` (with `args` as sys.argv[1:])."""
     import json
     import subprocess
     import sys
 
-    probe = f"HEAVY = {('jax', 'flax', 'optax', 'orbax', 'torch')!r}\n{STUDY_PROBE}"
+    report = "print(json.dumps([name for name in sys.modules if name.split('.')[0] in HEAVY]))"
+    script = f"import json, sys\nHEAVY = {HEAVY!r}\n{probe}\n{report}"
     done = subprocess.run(
-        [sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=REPO
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120, cwd=REPO
     )
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == []
+    return json.loads(done.stdout)
+
+
+def test_help_of_every_command_imports_no_heavy_library():
+    assert heavy_imports(HELP_PROBE) == []
+
+
+def test_planning_the_study_imports_no_heavy_library(tmp_path):
+    assert heavy_imports(STUDY_PROBE, str(tmp_path)) == []
 
 
 def test_the_checkouts_files_are_found_one_way(monkeypatch):
