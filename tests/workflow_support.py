@@ -122,6 +122,7 @@ def estimates(output: str, part: str) -> dict[str, float]:
 def job_stats(output: str) -> dict[str, int]:
     """The jobs a Snakemake run (or dry run) planned, per rule: its printed "Job stats" table, without the total."""
     lines = output.splitlines()
+    assert "Job stats:" in lines, f"Snakemake planned no jobs:\n{output[-3000:]}"
     start = lines.index("Job stats:") + 3  # the title, the header and its rule
     counts = {}
     for line in lines[start:]:
