@@ -83,6 +83,7 @@ def make_study(root: Path, storage_url: str, slices: tuple[str, ...], runs: int,
         root, storage_url, slices, root / "locks", tpu=tpu, experiments=experiments,
         test_time_steps={"smoke": TEST_TIME_STEPS, "paper": TEST_TIME_STEPS}, replicates={"smoke": {"baseline": 1}},
         test_time_trajectories={"smoke": [], "mini": [4, 16], "paper": []},  # no sampling: no fingerprint reads it
+        test_time_subset={"smoke": None, "mini": None, "paper": 43008},  # the whole split: as `trm evaluate` does
     )  # fmt: skip
     study = Study(root, profile, experiments, env, slices)
     plan = plan_study(

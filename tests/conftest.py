@@ -46,12 +46,12 @@ LONGEST_MODULES = [
     "test_chaos.py",  # 225 s
     "test_tpu_vm.py",  # 161
     "test_workflow.py",  # 152
-    "test_tpu_profile.py",  # 146
     "test_multihost.py",  # 134
     "test_interrupts.py",  # 123
     "test_trainer.py",  # 85
-    "test_lease.py",  # 84
     "test_canary_workflow.py",  # 62
+    "test_lease.py",  # 50
+    "test_tpu_profile.py",  # 45
     "test_workflow_plan_checks.py",  # 51
     "test_canary.py",  # 32
     "test_act.py",  # 29

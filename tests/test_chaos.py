@@ -6,6 +6,11 @@ not depend on the machine's speed: transient gcloud errors (503, 429, a call tha
 gcloud timeout), a preempted slice, a preemption notice to one host, a host's trainer killed outright, and one
 job's controller (its `trm launch`) killed, which Snakemake starts again.
 
+The undisturbed study is also the test of a real run through the tpu-v4-64 profile (its dry runs and canary:
+tests/test_tpu_profile.py): `trm preflight` once before any job, the slices the study created kept and listed with
+their delete commands, the two runs on the pool's two slices at once (in the disturbed study, which runs its jobs
+together), and each run's final evaluation done on its slice's hosts, equal to a one-process one to the last bit.
+
 Not here: snakemake itself killed and restarted (`--unlock`, the same command; docs/tpu.md, "Faults a study
 survives", says what happens). With its whole process group killed, the launchers die and their trainers train
 on; the restarted launcher of each run takes its lease over (the holder's process is gone), starts on the run's
@@ -14,12 +19,18 @@ last slice, whose start script stops the orphaned trainers with a checkpoint, an
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
-from chaos import EXPERIMENT, Chaos, Fault, fingerprint, make_study, read_json
+from chaos import EXPERIMENT, TEST_TIME_STEPS, Chaos, Fault, Study, fingerprint, make_study, read_json
+from fake_tpu import gcloud_calls, wait_until_exited
 
+from trm import storage
 from trm.run import layout
 
 pytestmark = [pytest.mark.tpu, pytest.mark.workflow, pytest.mark.slow]
@@ -72,6 +83,7 @@ def test_a_disturbed_study_ends_bit_identical_to_an_undisturbed_one(cloud, tpu_b
         exp: read_json(layout.path(url, layout.FINAL)).get("steps") for exp, url in reference.run_dirs.items()
     }
     assert set(steps.values()) == {STEPS}, f"runs of {steps} steps: retune RUNS so the faults fall as planned"
+    _the_profile_ran_the_study(reference, gcloud_calls(cloud), tmp_path)
 
     study = make_study(
         tmp_path / "chaos", f"{tpu_bucket}/chaos", (f"{tag}-c0", f"{tag}-c1"), 2, env, TPU, RUNS
@@ -86,6 +98,9 @@ def test_a_disturbed_study_ends_bit_identical_to_an_undisturbed_one(cloud, tpu_b
     assert len(faults) == len(chaos.faults), story  # every fault was injected
 
     assert fingerprint(study) == fingerprint(reference)
+    # Its two jobs ran at once, each on its own slice of the pool.
+    ssh = [argv for argv in gcloud_calls(cloud) if argv[2:4] == ["tpu-vm", "ssh"] and argv[4] in study.slices]
+    assert {argv[4] for argv in ssh} == {*study.slices}
 
     # Each fault was met by what the launchers are for.
     reactions = {(f.kind, f.detail): "\n".join(f.triggered) for f in faults}
@@ -103,3 +118,47 @@ def test_a_disturbed_study_ends_bit_identical_to_an_undisturbed_one(cloud, tpu_b
         "a host is lost" in reactions["kill-host", "1"]
         and "trainers restarted" in reactions["kill-host", "1"]
     )
+
+
+def _the_profile_ran_the_study(study: Study, calls: list[list[str]], tmp: Path) -> None:
+    """What the profile did in the undisturbed study, whose gcloud calls are `calls`: `trm preflight` once, before
+    any job; every ssh to all of a slice's workers; the slices it created kept (launch.tpu.delete_after is false)
+    and listed at its end with their delete commands; and each run's final evaluation on its slice's 2 hosts x 2
+    devices, in the training job (one pass gives final.json's figures and the test-time ones), equal to a
+    one-process, 4-device `trm evaluate` of the same checkpoint, every figure to the last bit (the hosts size their
+    CPU thread pools as one process would, trm.run.distributed.size_cpu_thread_pool; without that one cell in
+    1,296 differed after one step)."""
+    output = (study.root / "snakemake-0.log").read_text()
+    assert calls[:2] == [["--version"], ["auth", "list", "--filter=status:ACTIVE", "--format=value(account)"]]
+    assert "preflight: every check passed" in output and calls.count(["--version"]) == 1
+    ssh = [argv for argv in calls if argv[2:4] == ["tpu-vm", "ssh"]]
+    assert ssh and all("--worker=all" in argv for argv in ssh)
+    created = sorted({argv[4] for argv in calls if argv[2:4] == ["queued-resources", "create"]})
+    assert created and f"{len(created)} TPU slice(s) this workflow created still exist" in output
+    for name in created:
+        assert f"delete: gcloud compute tpus queued-resources delete {name} --zone=" in output
+        wait_until_exited(name)
+    # The controller evaluated nothing: the training jobs did.
+    assert " summarize " in output and " evaluate --checkpoint" not in output
+
+    run_dir = study.run_dirs[study.experiments[0]]
+    on_slice = json.loads(storage.read_text(layout.path(run_dir, layout.TEST_TIME)))
+    assert on_slice["devices"] == 4 and [r["steps"] for r in on_slice["results"]] == TEST_TIME_STEPS
+    host_log = storage.read_text(layout.host_log(on_slice["checkpoint"], 1))
+    assert f"test-time evaluation of step counts {','.join(map(str, TEST_TIME_STEPS))}" in host_log
+    final = json.loads(storage.read_text(layout.path(run_dir, layout.FINAL)))
+    # At train.eval_steps, the final evaluation's pass gave both.
+    assert final["processes"] == 2 and final["test"] == on_slice["results"][0]
+
+    one_process = tmp / "one-process.json"
+    env = {**study.env, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "4"}
+    env.pop("NPROC", None)
+    trm = str(Path(sys.executable).with_name("trm"))
+    command = [trm, "evaluate", "--checkpoint", on_slice["checkpoint"], "--data", on_slice["data"]]
+    command += ["--steps", ",".join(map(str, TEST_TIME_STEPS)), "--out", str(one_process)]
+    command += ["--cache-dir", str(tmp / "cache")]
+    done = subprocess.run(command, cwd=study.root, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    here = json.loads(one_process.read_text())
+    assert here["devices"] == 4 and here["batch_size"] == on_slice["batch_size"]
+    assert here["results"] == on_slice["results"]

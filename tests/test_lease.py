@@ -194,6 +194,8 @@ def test_a_lease_that_is_not_a_record_is_named(tmp_path):
 # ----------------------------------------------------------------------------------------------- trm launch
 
 
+# The launcher's use of the lease, below: each test on one storage, two on each. What the launcher does with its
+# lease does not depend on where the lease lies (the Lease tests above run on both), and each of these trains.
 # 48 train groups x 10 epochs / 8 = 60 steps, a checkpoint every 10.
 SHORT = {"train.epochs": 10, "train.eval_interval": 10, "train.checkpoint_every_steps": 10}
 
@@ -229,6 +231,7 @@ def _finished_once(run_dir: str, attempts: int) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("storage_root", ["gcs"], indirect=True)
 def test_of_two_simultaneous_launches_one_trains_and_the_other_names_it(storage_root, easy_data):
     run_dir = storage.join(storage_root, "run")
     launches = [_launch(easy_data, run_dir), _launch(easy_data, run_dir)]
@@ -266,6 +269,7 @@ def _descendants(pid: int) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("storage_root", ["file"], indirect=True)
 def test_a_launcher_killed_and_restarted_continues_its_run_at_once(storage_root, easy_data):
     """SIGKILL to the launcher and its trainer (as when its machine's job is killed), then the same command
     again: the dead holder's lease is taken over at once, though the staleness limit is 600 s."""
@@ -290,6 +294,7 @@ def test_a_launcher_killed_and_restarted_continues_its_run_at_once(storage_root,
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("storage_root", ["gcs"], indirect=True)
 def test_a_launch_takes_over_a_stale_lease_and_says_so(storage_root, easy_data):
     run_dir = storage.join(storage_root, "run")
     holder = _holder_process(run_dir, stale_after_s=600)
@@ -311,6 +316,7 @@ def test_a_launch_takes_over_a_stale_lease_and_says_so(storage_root, easy_data):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("storage_root", ["file"], indirect=True)
 def test_a_launch_that_loses_its_lease_kills_its_trainers_and_fails(storage_root, easy_data):
     """Another launcher takes the lease over (here one whose staleness limit every lease exceeds): the running
     launcher's next renewal finds it, kills its trainers at once and exits 1, naming the new holder."""

@@ -1,6 +1,6 @@
 """The tpu-vm launcher against the cloud's states and errors, and the hosts' set-up on the stock image, each
 injected into the fake gcloud (tests/fake_gcloud/gcloud): fast unit-level tests, tiny polls, no training.
-The end-to-end runs (training, preemption, cancelling) are in test_tpu_vm.py and test_tpu_profile.py.
+The end-to-end runs (training, preemption, cancelling) are in test_tpu_vm.py and test_chaos.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The tpu-vm launcher against a fake `gcloud` (tests/fake_gcloud/gcloud) whose slice hosts are local processes,
 each in its own HOME, with storage on the GCS emulator: a preempted slice recreated and the run resumed, a
-cancelled job leaving no host process, and hostile values never reaching a shell unquoted. The tpu-v4-64 profile
-through Snakemake is in test_tpu_profile.py. Every subprocess is bounded by a timeout and killed in `finally`.
+cancelled job leaving no host process, and hostile values never reaching a shell unquoted. A study through the
+tpu-v4-64 profile is in test_chaos.py, its dry runs and canary in test_tpu_profile.py. Every subprocess is bounded
+by a timeout and killed in `finally`.
 """
 
 from __future__ import annotations
