@@ -195,3 +195,30 @@ def test_a_runs_flops_count_its_test_time_passes_on_the_puzzles_they_scored(resu
     assert (
         subset.loc["exp01c", "run_flops"] == whole.loc["exp01c", "run_flops"]
     )  # its own summary is unchanged
+
+
+def test_a_reference_has_a_row_of_its_own_in_no_group_labelled_as_groups_yaml_says(tmp_path):
+    """ref_paper (groups.yaml `references`): the paper's batch 768 where the baseline has 6144, at any scale."""
+    planned = study(tmp_path, {"experiments": ["exp01a", "ref_paper"]})
+    runs = ("exp01a", "ref_paper")
+    results = finished_runs(planned, dict(zip(runs, (0.1, 0.2), strict=True)), dict.fromkeys(runs, 60.0))
+    args = [
+        "aggregate",
+        *runs,
+        "--results",
+        str(results),
+        "--groups",
+        str(GROUPS_PATH),
+        "--test-puzzles",
+        "16",
+    ]
+    assert (
+        trm_main([*args, "--peak-flops", "5e10", "--utilization", "0.1", "--output", str(tmp_path / "t")])
+        == 0
+    )
+    table = pd.read_csv(tmp_path / "t.csv").set_index("id")
+    assert (table.loc["ref_paper", "group"], table.loc["ref_paper", "varied"]) == ("reference", "paper recipe (batch 768)")  # fmt: skip
+    assert not table.loc["ref_paper", "baseline"] and table.loc["exp01a", "group"] == "exp01"
+    batch = table["train.global_batch_size"]
+    assert batch["ref_paper"] * 8 == batch["exp01a"]
+    assert table.loc["ref_paper", "test_exact_accuracy"] == pytest.approx(0.2)

@@ -360,3 +360,52 @@ def test_the_test_time_compute_panel_joins_each_members_best_accuracy_at_or_belo
         output = tmp_path / f"exp09-{drawn}"
         plot_group("exp09", runs, curves_table, plain, Path(GROUPS_PATH), output, rows)
         assert ("accuracy vs test-time FLOPs per puzzle" in output.with_suffix(".svg").read_text()) == drawn
+
+
+@pytest.mark.slow
+def test_a_reference_is_drawn_in_every_panel_and_a_run_only_for_the_noise_floor_in_none(tmp_path: Path):
+    """The table of a selection without its group's baseline: the baseline's seeds are there only to measure the
+    noise floor (`floor_only`), and the reference (groups.yaml `references`, group "reference") is there for every
+    group. Each panel draws the reference with its label; none draws the floor's runs."""
+    for group_id in ("exp01", "exp09"):  # a panel over the members' parameter counts; one over epochs
+        group = next(g for g in load_groups() if g["id"] == group_id)
+        baseline = group["baseline"]
+        selected = [m for m in group["members"] if m != baseline][:2]
+        runs, curves, test_time = tables({**group, "members": selected}, 0.25)
+        ref = runs_table(
+            pd.DataFrame(
+                {
+                    "id": "ref_paper",
+                    "varied": ["paper recipe (batch 768)"],
+                    "test_exact_accuracy": 0.5,
+                    "test_cell_accuracy": 0.6,
+                }
+            ),
+            "reference",
+        )
+        floor = runs_table(
+            pd.DataFrame(
+                {"id": [baseline] * 2, "test_exact_accuracy": 0.2, "test_cell_accuracy": [0.5, 0.52]}
+            ),
+            group_id,
+        ).assign(baseline=True, floor_only=True)
+        runs = pd.concat([runs, ref, floor], ignore_index=True)
+        runs["parameter_count"] = 1e6 * (1 + runs.index)  # what exp01 plots against
+        others = [("ref_paper", "ref_paper", "reference", False), *((baseline, run, group_id, True) for run in floor["run"])]  # fmt: skip
+        curves = pd.concat(
+            [curves, *(pd.DataFrame([{"id": i, "run": r, "group": g, "epoch": e, "count": 16, "test_exact_accuracy": 0.3,
+                                      "test_cell_accuracy": 0.4} for e in (36, 72)]) for i, r, g, _ in others)],
+            ignore_index=True,
+        )  # fmt: skip
+        test_time = pd.concat(
+            [test_time, *(pd.DataFrame([{"id": i, "run": r, "group": g, "baseline": b, "steps": k, "count": 16,
+                                         "exact_accuracy": 0.3, "accuracy": 0.4} for k in (16, 32)])
+                          for i, r, g, b in others)],
+            ignore_index=True,
+        )  # fmt: skip
+        output = tmp_path / group_id
+        plot_group(group_id, runs, curves, test_time, Path(GROUPS_PATH), output)
+        svg = output.with_suffix(".svg").read_text()
+        panels = len(group["plots"]) + 1  # the test-time panel
+        assert svg.count("paper recipe (batch 768) (ref_paper)") == panels, group_id
+        assert f"run:{baseline}" not in svg and f"band:{baseline}" not in svg, group_id
