@@ -198,10 +198,25 @@ class TrainStep:
 
     def gradients(self, state: TrainState, batch: dict, exploration_prob: float, cycles: tuple[int, int]):
         """(new carry, metric sums, (param grads, puzzle-emb grads)) of one step, without the update (for tests)."""
+        run, args = self._gradients_program(state, batch, exploration_prob)
+        return run(*args, cycles=cycles)[:3]
+
+    def lower_gradients(
+        self, state: TrainState, batch: dict, exploration_prob: float, cycles: tuple[int, int]
+    ):
+        """The program of `gradients`, lowered (for tests: its compiled text, without compiling the whole step)."""
+        run, args = self._gradients_program(state, batch, exploration_prob)
+        return run.lower(*args, cycles=cycles)
+
+    def _gradients_program(self, state: TrainState, batch: dict, exploration_prob: float):
         state, batch, exploration_prob, _ = self._inputs(state, batch, exploration_prob, update=1)
         key = jax.random.split(jax.random.wrap_key_data(state.rng))[1]
-        run = jax.jit(self._accumulated_gradients, static_argnames="cycles")
-        return run(state, batch, key, exploration_prob, cycles=cycles)[:3]
+        return jax.jit(self._accumulated_gradients, static_argnames="cycles"), (
+            state,
+            batch,
+            key,
+            exploration_prob,
+        )
 
     def _inputs(self, state: TrainState, batch: dict, exploration_prob, update: int) -> tuple:
         # Global arrays, or abstract ones (jax.ShapeDtypeStruct with shardings) to compile ahead of time.
