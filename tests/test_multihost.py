@@ -99,8 +99,11 @@ def _start_hosts(
     ]
 
 
-def _final(run_dir: Path) -> dict:
-    return json.loads((run_dir / "final.json").read_text())
+def _final(run_dir: Path | str) -> dict:
+    """The run's final.json, in a local folder or in storage."""
+    from trm import storage
+
+    return json.loads(storage.read_text(f"{run_dir}/final.json"))
 
 
 def _latest_checkpoint(run_dir: Path) -> int:
@@ -108,12 +111,22 @@ def _latest_checkpoint(run_dir: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def two_by_two(easy_data, tmp_path_factory) -> Path:
-    """An uninterrupted run on 2 hosts x 2 devices: the reference of the tests below."""
-    tmp = tmp_path_factory.mktemp("two-by-two")
-    done = _launch(2, 2, _train_args(easy_data, tmp / "run", tmp / "cache", {}))
+def two_by_two(easy_dataset, gcs_emulator, tmp_path_factory) -> str:
+    """An uninterrupted run on 2 hosts x 2 devices, the reference of the tests below; with its dataset, config,
+    checkpoints, metrics and per-host logs all on (emulated) GCS, as on a pod, and its run dir named by its config
+    hash (`{config_hash}`). Returns the run dir's URL."""
+    from trm import storage
+    from trm.cli import main as trm
+
+    tmp, bucket = tmp_path_factory.mktemp("two-by-two"), f"gs://two-by-two-{os.getpid()}-{time.time_ns()}"
+    storage.filesystem(bucket)[0].mkdir(bucket.removeprefix("gs://"))
+    assert trm(["stage", str(easy_dataset), f"{bucket}/data"]) == 0
+    args = _train_args(f"{bucket}/data", Path("unused"), tmp / "cache", {})
+    args[args.index("--run-dir") + 1] = f"{bucket}/runs/easy-{{config_hash}}"
+    done = _launch(2, 2, args)
     assert done.returncode == 0, done.stdout[-4000:]
-    return tmp / "run"
+    (marker,) = [name for name in storage.list_files(f"{bucket}/runs") if name.endswith("_SUCCESS")]
+    return f"{bucket}/runs/{marker.removesuffix('/_SUCCESS')}"
 
 
 def test_two_hosts_train_exactly_like_one_host_with_the_same_devices(easy_data, tmp_path):
@@ -173,12 +186,15 @@ def _timing(key: str) -> bool:
 
 
 def test_two_hosts_with_two_devices_each_hold_identical_state(two_by_two):
+    from trm import storage
+
     final = _final(two_by_two)
+    assert two_by_two.endswith(f"/easy-{final['config_hash']}")
     assert (final["processes"], final["devices"], final["steps"]) == (2, 4, 24)
     assert len(set(final["hosts_params_sha256"])) == 1  # both hosts hold identical parameters
     assert len(set(final["hosts_ema_sha256"])) == 1
-    assert sorted(p.name for p in (two_by_two / "logs").iterdir()) == ["host-0.log", "host-1.log"]
-    assert "host 1 of 2" in (two_by_two / "logs" / "host-1.log").read_text()
+    assert storage.list_files(f"{two_by_two}/logs") == ["host-0.log", "host-1.log"]
+    assert "host 1 of 2" in storage.read_text(f"{two_by_two}/logs/host-1.log")
 
 
 def test_hosts_with_different_configs_fail_naming_the_host(easy_data, tmp_path):
@@ -331,26 +347,3 @@ def test_batch_not_divisible_by_devices_is_rejected_before_compiling(easy_data, 
         in done.stderr  # refused by the launcher, before any host starts
     )
     assert not (tmp_path / "run").exists()
-
-
-def test_two_hosts_on_gcs(easy_dataset, gcs_bucket, tmp_path):
-    """Dataset, config, checkpoints, metrics and per-host logs all on (emulated) GCS, as on a pod."""
-    from trm import storage
-    from trm.cli import main as trm
-
-    assert trm(["stage", str(easy_dataset), f"{gcs_bucket}/data"]) == 0
-    run_dir = f"{gcs_bucket}/runs/easy-{{config_hash}}"
-    args = _train_args(f"{gcs_bucket}/data", Path("unused"), tmp_path / "cache", {"train.epochs": 2})
-    args[args.index("--run-dir") + 1] = run_dir
-    done = _launch(2, 1, args)
-    assert done.returncode == 0, done.stdout[-4000:]
-    (run,) = [
-        f"{gcs_bucket}/runs/{name}"
-        for name in storage.list_files(f"{gcs_bucket}/runs")
-        if name.endswith("_SUCCESS")
-    ]
-    run = run.removesuffix("/_SUCCESS")
-    final = json.loads(storage.read_text(f"{run}/final.json"))
-    assert run.endswith(f"easy-{final['config_hash']}")
-    assert final["processes"] == 2 and len(set(final["hosts_params_sha256"])) == 1
-    assert "host 1 of 2" in storage.read_text(f"{run}/logs/host-1.log")
