@@ -370,41 +370,19 @@ def test_a_reference_is_drawn_in_every_panel_and_a_run_only_for_the_noise_floor_
     for group_id in ("exp01", "exp09"):  # a panel over the members' parameter counts; one over epochs
         group = next(g for g in load_groups() if g["id"] == group_id)
         baseline = group["baseline"]
-        selected = [m for m in group["members"] if m != baseline][:2]
-        runs, curves, test_time = tables({**group, "members": selected}, 0.25)
-        ref = runs_table(
-            pd.DataFrame(
-                {
-                    "id": "ref_paper",
-                    "varied": ["paper recipe (batch 768)"],
-                    "test_exact_accuracy": 0.5,
-                    "test_cell_accuracy": 0.6,
-                }
-            ),
-            "reference",
-        )
-        floor = runs_table(
-            pd.DataFrame(
-                {"id": [baseline] * 2, "test_exact_accuracy": 0.2, "test_cell_accuracy": [0.5, 0.52]}
-            ),
-            group_id,
-        ).assign(baseline=True, floor_only=True)
-        runs = pd.concat([runs, ref, floor], ignore_index=True)
+        runs, curves, test_time = tables({**group, "members": [m for m in group["members"] if m != baseline][:2]}, 0.25)  # fmt: skip
+        label = {"varied": "paper recipe (batch 768)", "test_exact_accuracy": 0.5, "test_cell_accuracy": 0.6}
+        ref = runs_table(pd.DataFrame([{"id": "ref_paper", **label}]), "reference")
+        floor = runs_table(pd.DataFrame({"id": [baseline] * 2, "test_cell_accuracy": [0.5, 0.52]}), group_id)
+        runs = pd.concat([runs, ref, floor.assign(baseline=True, floor_only=True)], ignore_index=True)
         runs["parameter_count"] = 1e6 * (1 + runs.index)  # what exp01 plots against
-        others = [("ref_paper", "ref_paper", "reference", False), *((baseline, run, group_id, True) for run in floor["run"])]  # fmt: skip
-        curves = pd.concat(
-            [curves, *(pd.DataFrame([{"id": i, "run": r, "group": g, "epoch": e, "count": 16, "test_exact_accuracy": 0.3,
-                                      "test_cell_accuracy": 0.4} for e in (36, 72)]) for i, r, g, _ in others)],
-            ignore_index=True,
-        )  # fmt: skip
-        test_time = pd.concat(
-            [test_time, *(pd.DataFrame([{"id": i, "run": r, "group": g, "baseline": b, "steps": k, "count": 16,
-                                         "exact_accuracy": 0.3, "accuracy": 0.4} for k in (16, 32)])
-                          for i, r, g, b in others)],
-            ignore_index=True,
-        )  # fmt: skip
+        others = [("ref_paper", "ref_paper", "reference", False), *((baseline, r, group_id, True) for r in floor["run"])]  # fmt: skip
+        row = {"count": 16, "test_exact_accuracy": 0.3, "test_cell_accuracy": 0.4, "exact_accuracy": 0.3, "accuracy": 0.4}  # fmt: skip
+        extra = [{"id": i, "run": r, "group": g, "baseline": b, **row} for i, r, g, b in others]
+        curves = pd.concat([curves, pd.DataFrame([{**x, "epoch": e} for x in extra for e in (36, 72)])])
+        test_time = pd.concat([test_time, pd.DataFrame([{**x, "steps": k} for x in extra for k in (16, 32)])])
         output = tmp_path / group_id
-        plot_group(group_id, runs, curves, test_time, Path(GROUPS_PATH), output)
+        plot_group(group_id, runs, curves.reset_index(drop=True), test_time.reset_index(drop=True), Path(GROUPS_PATH), output)  # fmt: skip
         svg = output.with_suffix(".svg").read_text()
         panels = len(group["plots"]) + 1  # the test-time panel
         assert svg.count("paper recipe (batch 768) (ref_paper)") == panels, group_id
