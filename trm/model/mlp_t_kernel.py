@@ -13,17 +13,28 @@ CPU in interpret mode; trm/train/kernel_check.py on a run's device before its fi
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 
 from trm.model import mlp_t_path
 from trm.model.mlp_t_path import COLUMNS, ROWS, fits
 
+if TYPE_CHECKING:
+    from jax.experimental import pallas as pl
+
 # The blocks and dtypes the kernel takes are stated with the rule that chooses it (trm/model/mlp_t_path.py).
 DTYPES = tuple(jnp.dtype(name) for name in mlp_t_path.DTYPES)
+
+
+def _pallas():
+    """Pallas and its TPU settings, imported when a kernel is built: the import takes 0.1 s, which every process
+    that builds the model paid, though only a TPU runs the kernel (and the tests, interpreted)."""
+    from jax.experimental import pallas
+    from jax.experimental.pallas import tpu
+
+    return pallas, tpu
 
 
 def applies(x: jax.Array, *weights: jax.Array) -> bool:
@@ -60,6 +71,8 @@ def _forward_kernel(x_ref, w_gate_up_t_ref, w_down_t_ref, y_ref):
 
 
 def _backward_kernel(x_ref, dy_ref, w_gate_up_t_ref, w_gate_up_ref, w_down_ref, dx_ref, dwgu_ref, dwd_ref):
+    pl = _pallas()[0]
+
     @pl.when(pl.program_id(1) == 0)
     def _():
         dwgu_ref[...] = jnp.zeros_like(dwgu_ref)
@@ -85,11 +98,11 @@ def _backward_kernel(x_ref, dy_ref, w_gate_up_t_ref, w_gate_up_ref, w_down_ref, 
 
 
 def _column_block(length: int) -> pl.BlockSpec:
-    return pl.BlockSpec((length, ROWS, COLUMNS), lambda i, j: (0, i, j))
+    return _pallas()[0].BlockSpec((length, ROWS, COLUMNS), lambda i, j: (0, i, j))
 
 
 def _whole(shape: tuple[int, ...]) -> pl.BlockSpec:
-    return pl.BlockSpec(shape, lambda i, j: (0,) * len(shape))
+    return _pallas()[0].BlockSpec(shape, lambda i, j: (0,) * len(shape))
 
 
 def _grid(x: jax.Array) -> tuple[int, int]:
@@ -104,6 +117,7 @@ def _forward(x: jax.Array, w_gate_up: jax.Array, w_down: jax.Array, interpret: b
     length, inner = x.shape[0], w_down.shape[0]
     columns = x.shape[1] * x.shape[2]
     weight_bytes = (w_gate_up.size + w_down.size) * _itemsize(x)
+    pl, pltpu = _pallas()
     return pl.pallas_call(
         _forward_kernel,
         out_shape=_like(x, x.shape, x.dtype),
@@ -126,6 +140,7 @@ def _backward(x, dy, w_gate_up, w_down, interpret: bool):
     row_blocks = _grid(x)[0]
     per_row_block = [(row_blocks, length, 2 * inner), (row_blocks, inner, length)]
     weight_bytes = 2 * w_gate_up.size * _itemsize(x) + w_down.size * _itemsize(x)
+    pl, pltpu = _pallas()
     dx, dwgu, dwd = pl.pallas_call(
         _backward_kernel,
         out_shape=[_like(x, x.shape, x.dtype)] + [_like(x, shape, jnp.float32) for shape in per_row_block],

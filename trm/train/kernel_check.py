@@ -21,7 +21,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.experimental.pallas import tpu as pltpu
 
 from trm import storage
 from trm.errors import UserError
@@ -94,8 +93,12 @@ def compare(cfg: ModelConfig, interpret: bool = False) -> dict[str, Any]:
     dy = jax.random.normal(dy_key, shape, jnp.float32).astype(dtype)
 
     # Pallas' TPU interpreter where forced (XLA:CPU cannot run the generic interpreter's bfloat16 dots with float32
-    # results: "Unsupported element type for DotThunk").
-    mode = pltpu.InterpretParams() if interpret else False
+    # results: "Unsupported element type for DotThunk"). Imported here, as mlp_t_kernel imports Pallas: 0.1 s.
+    mode = False
+    if interpret:
+        from jax.experimental.pallas import tpu as pltpu
+
+        mode = pltpu.InterpretParams()
 
     def fused(*args):
         return mlp_t_kernel.swiglu_along_leading_axis(*args, mode)
