@@ -38,27 +38,27 @@ if "xla_llvm_disable_expensive_passes" not in os.environ.get("XLA_FLAGS", ""):
 # after this: glibc reads it only when a process starts.
 os.environ["GLIBC_TUNABLES"] = with_tunable(os.environ.get("GLIBC_TUNABLES", ""), *MALLOC_HUGE_PAGES)
 
-# Test modules by decreasing run time (wall seconds in a two-worker `make test`, 2026-12-06), run first: with
+# Test modules by decreasing run time (wall seconds in a two-worker `make test`, 2026-12-07), run first: with
 # `pytest -n 2 --dist loadfile --no-loadscope-reorder` (make test) each module goes to one worker, in this order,
 # and starting with the longest ones lets the two workers finish at about the same time. Without
 # --no-loadscope-reorder, pytest-xdist orders modules by their number of tests: the one-test chaos study ran last.
 LONGEST_MODULES = [
-    "test_chaos.py",  # 225 s
-    "test_tpu_vm.py",  # 161
-    "test_workflow.py",  # 152
-    "test_multihost.py",  # 134
-    "test_interrupts.py",  # 123
-    "test_trainer.py",  # 85
-    "test_canary_workflow.py",  # 62
-    "test_lease.py",  # 50
-    "test_tpu_profile.py",  # 45
-    "test_workflow_plan_checks.py",  # 51
-    "test_canary.py",  # 32
-    "test_act.py",  # 29
+    "test_chaos.py",  # 178 s
+    "test_tpu_vm.py",  # 151
+    "test_multihost.py",  # 118
+    "test_workflow.py",  # 85
+    "test_trainer.py",  # 80
+    "test_interrupts.py",  # 72
+    "test_lease.py",  # 41
+    "test_tpu_profile.py",  # 39
+    "test_canary_workflow.py",  # 38
+    "test_workflow_plan_checks.py",  # 36
+    "test_canary.py",  # 27
+    "test_tpu_compile.py",  # 25
+    "test_act.py",  # 29 on 2026-12-06, as below
     "test_sampled.py",  # 29
     "test_workflow_quoting.py",  # 27
     "test_tpu_cloud.py",  # 26
-    "test_tpu_compile.py",  # 24
     "test_model.py",  # 22
     "test_evaluate.py",  # 20
 ]

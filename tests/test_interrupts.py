@@ -1,7 +1,7 @@
 """Stopping a study (issue 27, item 5): signals to Snakemake stop each training job through its checkpoint within
 seconds, nothing outlives its launcher, the host logs keep every attempt, and a rerun resumes to the same result.
 
-Real Snakemake runs of one smoke experiment (100 steps, one layer in float32) on a copy of the workflow; every
+Real Snakemake runs of one smoke experiment (100 steps, workflow_support.LIGHT_ARCH) on a copy of the workflow; every
 process the test starts carries a marker in its environment, so /proc shows whether any of them still runs.
 """
 
@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.workflow, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-# exp04a_500 (50 smoke puzzles: 100 training steps) with one layer in float32, as a reference of the study in its
+# exp04a_500 (50 smoke puzzles: 100 training steps) with the light model, as a reference of the study in its
 # copy: signals, checkpoints and resuming do not depend on the model's depth or dtype.
 EXPERIMENT = "interrupted"
 RUN = {"data": {"train_puzzles": 500}, "arch": LIGHT_ARCH}

@@ -217,7 +217,7 @@ def test_lint_is_clean_but_for_the_software_environments():
 
 
 def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_nothing(workdir):
-    # Nothing here depends on the model's depth or dtype: the copy trains one float32 layer (its plans are dry
+    # Nothing here depends on the model's depth or dtype: the copy trains a light model (its plans are dry
     # runs in the copy, which reads its own config/base.yaml).
     lighten(workdir)
     # Two seeds of the baseline measure the noise floor: the selection trains them too (tests/test_selection.py).
