@@ -9,7 +9,7 @@ job's controller (its `trm launch`) killed, which Snakemake starts again.
 The undisturbed study is also the test of a real run through the tpu-v4-64 profile (its dry runs and canary:
 tests/test_tpu_profile.py): `trm preflight` once before any job, the slices the study created kept and listed with
 their delete commands, the two runs on the pool's two slices at once (in the disturbed study, which runs its jobs
-together), and each run's final evaluation done on its slice's hosts, equal to a one-process one to the last bit.
+together), and a run's final evaluation done on its slice's hosts, equal to a one-process one to the last bit.
 
 Not here: snakemake itself killed and restarted (`--unlock`, the same command; docs/tpu.md, "Faults a study
 survives", says what happens). With its whole process group killed, the launchers die and their trainers train
@@ -123,7 +123,7 @@ def test_a_disturbed_study_ends_bit_identical_to_an_undisturbed_one(cloud, tpu_b
 def _the_profile_ran_the_study(study: Study, calls: list[list[str]], tmp: Path) -> None:
     """What the profile did in the undisturbed study, whose gcloud calls are `calls`: `trm preflight` once, before
     any job; every ssh to all of a slice's workers; the slices it created kept (launch.tpu.delete_after is false)
-    and listed at its end with their delete commands; and each run's final evaluation on its slice's 2 hosts x 2
+    and listed at its end with their delete commands; and a run's final evaluation on its slice's 2 hosts x 2
     devices, in the training job (one pass gives final.json's figures and the test-time ones), equal to a
     one-process, 4-device `trm evaluate` of the same checkpoint, every figure to the last bit (the hosts size their
     CPU thread pools as one process would, trm.run.distributed.size_cpu_thread_pool; without that one cell in
