@@ -31,8 +31,8 @@ def results(tmp_path: Path) -> Path:
     return finished_runs(planned, accuracy, wall)
 
 
-def aggregate(results: Path, output: Path) -> int:
-    args = ["aggregate", *EXPERIMENTS, "--results", str(results), "--groups", str(GROUPS_PATH)]
+def aggregate(results: Path, output: Path, experiments: tuple[str, ...] = EXPERIMENTS) -> int:
+    args = ["aggregate", *experiments, "--results", str(results), "--groups", str(GROUPS_PATH)]
     args += ["--peak-flops", "5e10", "--utilization", "0.1", "--test-puzzles", "16", "--output", str(output)]
     return trm_main(args)
 
@@ -202,20 +202,7 @@ def test_a_reference_has_a_row_of_its_own_in_no_group_labelled_as_groups_yaml_sa
     planned = study(tmp_path, {"experiments": ["exp01a", "ref_paper"]})
     runs = ("exp01a", "ref_paper")
     results = finished_runs(planned, dict(zip(runs, (0.1, 0.2), strict=True)), dict.fromkeys(runs, 60.0))
-    args = [
-        "aggregate",
-        *runs,
-        "--results",
-        str(results),
-        "--groups",
-        str(GROUPS_PATH),
-        "--test-puzzles",
-        "16",
-    ]
-    assert (
-        trm_main([*args, "--peak-flops", "5e10", "--utilization", "0.1", "--output", str(tmp_path / "t")])
-        == 0
-    )
+    assert aggregate(results, tmp_path / "t", runs) == 0
     table = pd.read_csv(tmp_path / "t.csv").set_index("id")
     assert (table.loc["ref_paper", "group"], table.loc["ref_paper", "varied"]) == ("reference", "paper recipe (batch 768)")  # fmt: skip
     assert not table.loc["ref_paper", "baseline"] and table.loc["exp01a", "group"] == "exp01"

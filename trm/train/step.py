@@ -211,12 +211,8 @@ class TrainStep:
     def _gradients_program(self, state: TrainState, batch: dict, exploration_prob: float):
         state, batch, exploration_prob, _ = self._inputs(state, batch, exploration_prob, update=1)
         key = jax.random.split(jax.random.wrap_key_data(state.rng))[1]
-        return jax.jit(self._accumulated_gradients, static_argnames="cycles"), (
-            state,
-            batch,
-            key,
-            exploration_prob,
-        )
+        args = (state, batch, key, exploration_prob)
+        return jax.jit(self._accumulated_gradients, static_argnames="cycles"), args
 
     def _inputs(self, state: TrainState, batch: dict, exploration_prob, update: int) -> tuple:
         # Global arrays, or abstract ones (jax.ShapeDtypeStruct with shardings) to compile ahead of time.
