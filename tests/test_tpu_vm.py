@@ -183,34 +183,6 @@ def test_stock_image_slice_preempted_is_recreated_and_the_run_resumes_from_its_c
     wait_until_exited(SLICE)
 
 
-def test_cancelled_job_stops_every_host_process_and_hostile_values_stay_quoted(
-    cloud, tpu_bucket, data, tmp_path
-):
-    subprocess.run(["gcloud", "fake-create-node", SLICE], check=True, timeout=30)  # a slice of the pool
-    run_dir = f"{tpu_bucket}/runs/cancelled"
-    hostile = "cache;touch PWNED;$(touch PWNED2)`touch PWNED3`"
-    log = tmp_path / "launcher.log"
-    launcher = _start(_launch_command(tpu_bucket, tmp_path, run_dir, data, "--cache-dir", hostile), log)
-    try:
-        _wait(lambda: len(node_pids(SLICE)) >= 2, launcher, log, 120, "trainers on both hosts")
-        _wait(lambda: storage.exists(f"{run_dir}/status.json"), launcher, log, 120, "status.json")
-        launcher.send_signal(signal.SIGTERM)
-        launcher.wait(timeout=90)
-    finally:
-        _stop(launcher)
-    output = log.read_text()
-    assert launcher.returncode == 128 + signal.SIGTERM, output[-4000:]
-    assert node_pids(SLICE) == [], output[-4000:]
-    launch = json.loads(storage.read_text(f"{run_dir}/launch.json"))
-    assert launch["state"] == "cancelled"
-    # The hostile argument reached each host as one literal path: nothing was executed.
-    hosts = cloud / "hosts" / SLICE
-    assert sorted(p.name for p in hosts.iterdir()) == ["0", "1"]
-    for host in hosts.iterdir():
-        assert (host / hostile).is_dir()
-        assert not any(host.glob("PWNED*")) and not any(REPO.glob("PWNED*"))
-
-
 def test_a_launcher_whose_lease_is_taken_over_kills_its_trainers_and_writes_nothing_more(
     cloud, tpu_bucket, data, tmp_path
 ):
@@ -238,15 +210,20 @@ def test_a_launcher_whose_lease_is_taken_over_kills_its_trainers_and_writes_noth
     assert json.loads(storage.read_text(f"{run_dir}/lease.json"))["job"] == taker.holder.job
 
 
-def test_a_launcher_whose_controller_died_stops_every_host_through_its_checkpoint(
+def test_a_job_whose_controller_died_stops_every_host_through_its_checkpoint_and_hostile_values_stay_quoted(
     cloud, tpu_bucket, data, tmp_path
 ):
-    """Snakemake SIGKILLed: its job's launcher notices (TRM_CONTROLLER_PID) and cancels as on SIGTERM."""
-    subprocess.run(["gcloud", "fake-create-node", SLICE], check=True, timeout=30)
+    """Snakemake SIGKILLed: its job's launcher notices (TRM_CONTROLLER_PID) and cancels as on SIGTERM, which it
+    sends itself (trm/run/lifetime.py): every host's trainer saves a checkpoint and no host process is left. A
+    hostile value of the trainer's options reaches each host as one literal argument."""
+    subprocess.run(["gcloud", "fake-create-node", SLICE], check=True, timeout=30)  # a slice of the pool
     run_dir = f"{tpu_bucket}/runs/orphaned"
+    hostile = "cache;touch PWNED;$(touch PWNED2)`touch PWNED3`"
     log = tmp_path / "launcher.log"
     controller = subprocess.Popen(["sleep", "600"])  # stands for Snakemake
-    command = _launch_command(tpu_bucket, tmp_path, run_dir, data, "--set=train.epochs=12")
+    command = _launch_command(
+        tpu_bucket, tmp_path, run_dir, data, "--set=train.epochs=12", "--cache-dir", hostile
+    )
     with open(log, "w") as out:
         env = {**os.environ, ENV_CONTROLLER_PID: str(controller.pid)}
         launcher = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -261,10 +238,16 @@ def test_a_launcher_whose_controller_died_stops_every_host_through_its_checkpoin
     output = log.read_text()
     assert launcher.returncode == 128 + signal.SIGTERM, output[-4000:]
     assert f"the workflow's controller (pid {controller.pid}) is gone" in output
-    assert node_pids(SLICE) == []
+    assert node_pids(SLICE) == [], output[-4000:]
     assert json.loads(storage.read_text(f"{run_dir}/launch.json"))["state"] == "cancelled"
     host_log = storage.read_text(f"{run_dir}/logs/host-0.log")
     assert re.search(r"stopped by signal 15 at step \d+; checkpoint saved", host_log), host_log[-4000:]
+    # The hostile argument reached each host as one literal path: nothing was executed.
+    hosts = cloud / "hosts" / SLICE
+    assert sorted(p.name for p in hosts.iterdir()) == ["0", "1"]
+    for host in hosts.iterdir():
+        assert (host / hostile).is_dir()
+        assert not any(host.glob("PWNED*")) and not any(REPO.glob("PWNED*"))
 
 
 def test_a_launcher_restarted_after_a_kill_stops_the_trainers_it_left_and_resumes(

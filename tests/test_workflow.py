@@ -225,8 +225,16 @@ def test_two_tiny_experiments_run_through_every_rule_to_the_report_then_rerun_no
     # of these; its table row and its lines in the plots are tested in test_aggregate.py and test_plots.py.
     seeds = "replicates={smoke: {baseline: 2}}"
     config = ["--config", "experiments=[exp01a,exp04a_100]", seeds]
+    # One training at a time (the rule's resource, as a one-GPU profile sets it): exp04a_100 and the baseline's
+    # seeds train with the same programs (Sudoku has one puzzle identifier), so only the first of them compiles;
+    # two at once compiled them twice whenever Snakemake started two of them together (70-74 CPU-seconds alone,
+    # 65 one at a time).
     run = subprocess.run(
-        [SNAKEMAKE, "--cores", "2", *config], cwd=workdir, capture_output=True, text=True, timeout=900
+        [SNAKEMAKE, "--cores", "2", "--resources", "training_jobs=1", *config],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert run.returncode == 0, run.stderr[-4000:]
     results = workdir / "results/smoke"
