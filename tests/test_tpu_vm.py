@@ -1,6 +1,7 @@
 """The tpu-vm launcher against a fake `gcloud` (tests/fake_gcloud/gcloud) whose slice hosts are local processes,
-each in its own HOME, with storage on the GCS emulator: a preempted slice recreated and the run resumed, a
-cancelled job leaving no host process, and hostile values never reaching a shell unquoted. A study through the
+each in its own HOME, with storage on the GCS emulator: a killed launcher's trainers stopped by the next launch, a preempted slice
+recreated and the run resumed, a cancelled job leaving no host process, and hostile values never reaching a shell
+unquoted. A study through the
 tpu-v4-64 profile is in test_chaos.py, its dry runs and canary in test_tpu_profile.py. Every subprocess is bounded
 by a timeout and killed in `finally`.
 """
@@ -114,66 +115,97 @@ def _stop(proc: subprocess.Popen) -> None:
 # ------------------------------------------------------------------------------------------- the launcher
 
 
-def test_stock_image_slice_preempted_is_recreated_and_the_run_resumes_from_its_checkpoint(
+def test_a_restarted_launcher_stops_the_trainers_left_then_a_preempted_slice_is_recreated_and_the_run_resumes(
     cloud, tpu_bucket, data, tmp_path, capsys
 ):
-    """On fake hosts that look like the stock image (Python 3.10, no 3.11): the set-up makes each host's venv,
-    again on the recreated slice (fresh disks), and the trainers join through the explicit distributed start.
-    The launcher keeps the run's lease across the slice's recreation; a second launcher of the run is refused."""
-    run_dir = f"{tpu_bucket}/runs/preempted"
-    log = tmp_path / "launcher.log"
-    # 72 steps, checkpoints every 4: the preemption comes right after the first finalized checkpoint (step 4),
-    # long before the run could finish on its own.
-    longer = ("--set=train.epochs=12",)
-    launcher = _start(
-        _launch_command(tpu_bucket, tmp_path, run_dir, data, *longer, tpu={"create": True}), log
-    )
+    """One run through a killed launcher and a preempted slice, on fake hosts that look like the stock image
+    (Python 3.10, no 3.11): the set-up makes each host's venv, again on the recreated slice (fresh disks), and the
+    trainers join through the explicit distributed start.
+
+    A second launcher of the run is refused while the first holds its lease. The first, killed (controller lost),
+    leaves its trainers training on the slice; the next launch of the run goes back to that slice, although it is
+    the pool's second and the first is free by then, stops them through their PID file (they save a checkpoint)
+    and resumes, keeping both attempts' logs. Its slice is then preempted: the launcher recreates it, keeps the
+    run's lease across the recreation, resumes from the last checkpoint and finishes."""
+    run_dir = f"{tpu_bucket}/runs/restarted-preempted"
+    # 144 steps, checkpoints every 4: long enough to kill, restart and preempt before the run finishes.
+    longer = ("--set=train.epochs=24",)
+    # The run's slice is the pool's second: the restarted launcher must still go back to it.
+    tpu = {"create": True, "slices": ["trm-test-b", SLICE]}
+    command = _launch_command(tpu_bucket, tmp_path, run_dir, data, *longer, tpu=tpu)
+    first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
+    (tmp_path / "locks").mkdir()
+    blocker = (tmp_path / "locks" / "us-central2-b-trm-test-b.lock").open("a+")  # another job holds slice b
+    fcntl.flock(blocker, fcntl.LOCK_EX)
+    first, second = _start(command, first_log), None
     try:
         started = time.time()
-        _wait(lambda: _checkpoints(run_dir), launcher, log, 180, "checkpoint")
+        _wait(lambda: _checkpoints(run_dir), first, first_log, 180, "checkpoint")
         first_start = time.time() - started
         lease = json.loads(storage.read_text(f"{run_dir}/lease.json"))
-        assert lease["pid"] == launcher.pid
+        assert lease["pid"] == first.pid
         # A second launcher of the run (here in this process: cheaper) is refused before it takes a slice.
-        second = _launch_command(
-            tpu_bucket, tmp_path / "second", run_dir, data, *longer, tpu={"create": True}
-        )
-        assert trm_main(second[3:]) == 2
-        assert f"process {launcher.pid} (job {lease['job']})" in capsys.readouterr().err
+        refused = _launch_command(tpu_bucket, tmp_path / "second", run_dir, data, *longer, tpu=tpu)
+        assert trm_main(refused[3:]) == 2
+        assert f"process {first.pid} (job {lease['job']})" in capsys.readouterr().err
         assert not (tmp_path / "second").exists()  # its slice pool's lock folder: never made
+        first.kill()
+        first.wait()
+        left = node_pids(SLICE)
+        assert len(left) >= 2  # the trainers outlive a killed launcher on the (remote) hosts
+        fcntl.flock(blocker, fcntl.LOCK_UN)
+        second = _start(command, second_log)
+        stopped = lambda: not set(left) & set(node_pids(SLICE))  # noqa: E731
+        _wait(stopped, second, second_log, 180, "the trainers left behind stopped")
+        resumed_at = max(_checkpoints(run_dir))
+        _wait(lambda: max(_checkpoints(run_dir)) > resumed_at, second, second_log, 120, "a checkpoint")
+        # Each host's own log of the run, on the slice's disks (wiped by its recreation below): two starts.
+        for host in (cloud / "hosts" / SLICE).iterdir():
+            hash_log = next(path for path in (host / ".trm/logs").glob("*.log") if path.name != "setup.log")
+            assert hash_log.read_text().count("start of an attempt") == 2
+        lease = json.loads(storage.read_text(f"{run_dir}/lease.json"))
+        assert lease["pid"] == second.pid  # the dead launcher's lease, taken over
         subprocess.run(["gcloud", "fake-preempt", SLICE], check=True, timeout=30)
         preempted_at = time.time()
         relaunched = lambda: json.loads(storage.read_text(f"{run_dir}/launch.json"))["attempt"] == 2  # noqa: E731
-        _wait(relaunched, launcher, log, 120, "relaunch")
+        _wait(relaunched, second, second_log, 120, "relaunch")
         # The launcher keeps its lease across the slice's recreation.
         assert json.loads(storage.read_text(f"{run_dir}/lease.json"))["job"] == lease["job"]
-        launcher.wait(timeout=240)
+        second.wait(timeout=300)
     finally:
-        _stop(launcher)
-    output = log.read_text()
-    assert launcher.returncode == 0, output[-4000:]
+        for launcher in (first, second):
+            if launcher is not None:
+                _stop(launcher)
+        blocker.close()
+    output = second_log.read_text()
+    assert second.returncode == 0, output[-4000:]
     print(
         f"first start to checkpoint {first_start:.1f} s, preemption to finish {time.time() - preempted_at:.1f} s"
     )
+    assert f"slice {SLICE} is ours" in output
     assert storage.exists(f"{run_dir}/_SUCCESS")
     assert not storage.exists(f"{run_dir}/lease.json")  # released at the end
     assert "slice trm-test-a is PREEMPTED" in output
-    # The spot slice came back only by deleting and recreating its queued resource.
+    # The spot slice came back only by deleting and recreating its queued resource; slice b was never made.
     verbs = [argv[3:5] for argv in gcloud_calls(cloud) if argv[2:3] == ["queued-resources"]]
-    assert verbs.count(["create", SLICE]) == 2 and verbs.count(["delete", SLICE]) == 1
-    host_log = storage.read_text(f"{run_dir}/logs/host-0.log")
-    assert "resuming from step" in host_log, (
-        f"host log:\n{host_log}\nlauncher log:\n{output[-4000:]}\nfiles: {storage.list_files(run_dir)}"
-    )
-    resumed = int(host_log.split("resuming from step ")[1].split()[0])
-    assert resumed in _checkpoints(run_dir) or resumed >= 4
+    assert verbs.count(["create", SLICE]) == 2 and verbs.count(["delete", SLICE]) == 1, verbs
+    assert ["create", "trm-test-b"] not in verbs
+    log = storage.read_text(f"{run_dir}/logs/host-0.log")
+    assert re.search(r"stopped by signal 15 at step \d+; checkpoint saved", log), log[-4000:]
+    # Three attempts: the first launcher's trainers, the second's (whose output since their last flush the
+    # preemption took with them) and the recreated slice's, resumed from a checkpoint the second ones wrote.
+    assert log.count("(earlier attempts above)") == 2, log[-4000:]
+    resumed = int(log.split("resuming from step ")[-1].split()[0])
+    assert resumed > resumed_at, (resumed, resumed_at, log[-4000:])
     launch = json.loads(storage.read_text(f"{run_dir}/launch.json"))
     assert launch["state"] == "finished" and launch["slice"] == SLICE and launch["attempt"] == 2
     # The hosts ran the shipped wheel, not this checkout: the code version is the wheel's.
-    assert "+git." in host_log and ".src." in host_log
-    # Set up on the first slice and again on the recreated one, each time in a venv of its own made with
-    # --tpu-python (this suite's interpreter).
-    assert output.count("set up code") == 2 and "set-up current" not in output
+    assert "+git." in log and ".src." in log
+    # Set up by the first launcher, found current by the second on the same slice, and set up again on the
+    # recreated one, each time in a venv of its own made with --tpu-python (this suite's interpreter).
+    assert first_log.read_text().count("set up code") == 1 and "set-up current" not in first_log.read_text()
+    assert output.count("set up code") == 2
+    assert output.count("set-up current") == 2  # each host at the second launcher's first start
     for host in (cloud / "hosts" / SLICE).iterdir():
         assert (host / ".trm/venv/.trm-setup").exists()
         assert (
@@ -248,48 +280,6 @@ def test_a_job_whose_controller_died_stops_every_host_through_its_checkpoint_and
     for host in hosts.iterdir():
         assert (host / hostile).is_dir()
         assert not any(host.glob("PWNED*")) and not any(REPO.glob("PWNED*"))
-
-
-def test_a_launcher_restarted_after_a_kill_stops_the_trainers_it_left_and_resumes(
-    cloud, tpu_bucket, data, tmp_path
-):
-    """A killed launcher (controller lost) leaves its trainers training on the slice; the next launch of the run
-    stops them through their PID file (they save a checkpoint), resumes, and both attempts' logs are kept."""
-    subprocess.run(["gcloud", "fake-create-node", "trm-test-b"], check=True, timeout=30)
-    subprocess.run(["gcloud", "fake-create-node", SLICE], check=True, timeout=30)
-    run_dir = f"{tpu_bucket}/runs/restarted"
-    # The run's slice is the pool's second: the restarted launcher must still go back to it.
-    pool = {"slices": ["trm-test-b", SLICE]}
-    command = _launch_command(tpu_bucket, tmp_path, run_dir, data, "--set=train.epochs=12", tpu=pool)
-    first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
-    (tmp_path / "locks").mkdir()
-    blocker = (tmp_path / "locks" / "us-central2-b-trm-test-b.lock").open("a+")  # another job holds slice b
-    fcntl.flock(blocker, fcntl.LOCK_EX)
-    first, second = _start(command, first_log), None
-    try:
-        _wait(lambda: _checkpoints(run_dir), first, first_log, 180, "checkpoint")
-        first.kill()
-        first.wait()
-        left = node_pids(SLICE)
-        assert len(left) >= 2  # the trainers outlive a killed launcher on the (remote) hosts
-        fcntl.flock(blocker, fcntl.LOCK_UN)
-        second = _start(command, second_log)
-        second.wait(timeout=300)
-    finally:
-        for launcher in (first, second):
-            if launcher is not None:
-                _stop(launcher)
-        blocker.close()
-    output = second_log.read_text()
-    assert second.returncode == 0, output[-4000:]
-    assert f"slice {SLICE} is ours" in output and not set(left) & set(node_pids(SLICE))
-    host_log = storage.read_text(f"{run_dir}/logs/host-0.log")
-    assert re.search(r"stopped by signal 15 at step \d+; checkpoint saved", host_log), host_log[-4000:]
-    assert "(earlier attempts above)" in host_log and "resuming from step" in host_log
-    for host in (cloud / "hosts" / SLICE).iterdir():
-        hash_log = next(path for path in (host / ".trm/logs").glob("*.log") if path.name != "setup.log")
-        assert hash_log.read_text().count("start of an attempt") == 2
-    wait_until_exited(SLICE)
 
 
 def test_stock_image_failed_setup_fails_the_job_at_once_with_the_hosts_log_tail(
