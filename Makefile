@@ -45,11 +45,13 @@ run: $(RUNTIME)
 	$(BIN)/snakemake --cores all all
 	$(BIN)/snakemake --report results/report.html
 
-# Two pytest workers, one test module each at a time (module fixtures are built once), the longest modules first
+# Three pytest workers, one test module each at a time (module fixtures are built once), the longest modules first
 # (tests/conftest.py, LONGEST_MODULES; --no-loadscope-reorder keeps that order); TEST_WORKERS=0 runs serially.
+# Three, even on 2 cores: the suite's subprocesses wait on one another, and a third worker fills those waits
+# (docs/testing.md has the measurements).
 # tests/system_guard.py records the machine's /usr/bin (through its links) and the user's trm and snakemake
 # folders before the suite and fails the run if the suite changed any of them.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 GUARD := $(VENV)/system-guard.json
 test: $(TESTING)
 	$(BIN)/ruff check trm tests benchmarks

@@ -40,24 +40,24 @@ for _flag in ("--xla_llvm_disable_expensive_passes=true", "--xla_backend_optimiz
 # after this: glibc reads it only when a process starts.
 os.environ["GLIBC_TUNABLES"] = with_tunable(os.environ.get("GLIBC_TUNABLES", ""), *MALLOC_HUGE_PAGES)
 
-# Test modules by decreasing run time (wall seconds in a two-worker `make test`, 2026-12-07), run first: with
-# `pytest -n 2 --dist loadfile --no-loadscope-reorder` (make test) each module goes to one worker, in this order,
-# and starting with the longest ones lets the two workers finish at about the same time. Without
+# Test modules by decreasing run time (wall seconds of their tests in a three-worker `make test`, 2026-12-07),
+# run first: with `pytest -n 3 --dist loadfile --no-loadscope-reorder` (make test) each module goes to one worker,
+# in this order, and starting with the longest ones lets the workers finish at about the same time. Without
 # --no-loadscope-reorder, pytest-xdist orders modules by their number of tests: the one-test chaos study ran last.
 LONGEST_MODULES = [
-    "test_chaos.py",  # 178 s
-    "test_tpu_vm.py",  # 151
-    "test_multihost.py",  # 118
-    "test_workflow.py",  # 85
-    "test_trainer.py",  # 80
-    "test_interrupts.py",  # 72
-    "test_lease.py",  # 41
-    "test_tpu_profile.py",  # 39
-    "test_canary_workflow.py",  # 38
-    "test_workflow_plan_checks.py",  # 36
-    "test_canary.py",  # 27
-    "test_tpu_compile.py",  # 25
-    "test_act.py",  # 29 on 2026-12-06, as below
+    "test_chaos.py",  # 193 s
+    "test_multihost.py",  # 146
+    "test_tpu_vm.py",  # 140
+    "test_trainer.py",  # 95
+    "test_workflow.py",  # 91
+    "test_interrupts.py",  # 85
+    "test_workflow_plan_checks.py",  # 51
+    "test_tpu_profile.py",  # 50
+    "test_canary_workflow.py",  # 42
+    "test_lease.py",  # 37
+    "test_tpu_compile.py",  # 36
+    "test_canary.py",  # 32
+    "test_act.py",  # 29: this one and the five below measured on 2026-12-06, on two workers
     "test_sampled.py",  # 29
     "test_workflow_quoting.py",  # 27
     "test_tpu_cloud.py",  # 26
