@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from trm.cli import main
+from trm.config.load import config_hash
 
 REPO = Path(__file__).resolve().parents[1]
 RECORD = REPO / "docs" / "records" / "mini-h200"
@@ -71,3 +72,30 @@ def test_the_docs_baseline_curve_and_interval_are_the_tables():
         f"{baseline['test_exact_accuracy_low']:.3f} to {baseline['test_exact_accuracy_high']:.3f})"
     )
     assert interval in " ".join(text.split())
+
+
+CPU_RECORD = REPO / "docs" / "records" / "mini-cpu"
+
+
+def test_the_cpu_baseline_is_the_h200_records_runs_and_the_docs_quote_it():
+    table = pd.read_csv(RECORD / "table.csv").set_index("run")
+    text = " ".join(mini_section().split())
+    curves, finals = [], []
+    for seed, run in enumerate(("exp01c", "exp01c~s1")):
+        folder = CPU_RECORD / run
+        config = json.loads((folder / "config.json").read_text())
+        assert config["train"]["seed"] == seed
+        assert config_hash(config) == table.loc[run, "config_hash"]  # the recipe the H200 trained
+        evals = {
+            r["step"]: r["exact_accuracy"]
+            for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines())
+            if r["kind"] == "eval"
+        }
+        curves.append(", ".join(f"{evals[step]:.3f}" for step in (500, 750, 1000, 1250)) + f" (seed {seed})")
+        final = json.loads((folder / "test_time.json").read_text())
+        assert final["checkpoint_step"] == 2000 and final["weights"] == "ema"
+        headline = next(r for r in final["results"] if r["steps"] == config["arch"]["halt_max_steps"])
+        assert headline["count"] == 1024
+        finals.append(f"{headline['exact_accuracy']:.3f}")
+    assert f"test exact accuracy {curves[0]} and {curves[1]} at steps 500, 750, 1,000 and 1,250" in text
+    assert f"and {finals[0]} and {finals[1]} at step 2,000 on all 1,024" in text
